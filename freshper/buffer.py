@@ -1,0 +1,351 @@
+"""ReplayBuffer: trajectory-level FreshPER replay, exact sampling, stratified, with IS weights.
+
+Each slot holds caller fields (token ids, masks, behaviour log-probs, rewards, ...) plus
+log(base + eps), the step it was written at (birth) and a live flag. Sampling works on the
+time-invariant log-keys of freshper/priorities.py, so the cost of a step never depends on the
+step count:
+
+- On CPU a numba sum/min tree over exp(k - ref) gives O(B log N) add, sample and update.
+  `ref` is moved (an O(N) rebuild) only when new keys climb 100 nats above it (every ~80k steps
+  at alpha=0.6, tau=500) or the total falls below 1e-100; neither can underflow every entry.
+- On CUDA the fused Triton kernel scans the keys in place (freshper.kernels.sampler).
+- `sampler="scan"` forces the torch reference scan and `"triton"` the kernel on any device
+  (interpreted on CPU under TRITON_INTERPRET=1); the tests compare all three.
+
+Every public method validates all of its input before it changes any state.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Callable
+
+import numpy as np
+import torch
+
+from freshper import checkpoint
+from freshper.kernels import sampler as fused
+from freshper.priorities import MODES, log_keys
+from freshper import sumtree
+from freshper.sumtree import SumMinTree
+
+EVICTIONS = ("fifo", "stalest")
+SAMPLERS = ("auto", "tree", "scan", "triton")
+_REBASE_UP = 100.0  # nats a new key may sit above `ref` before the tree is rebuilt
+_REBASE_TOTAL = 1e-100  # tree totals below this are rebuilt against the current max key
+
+
+class SampleBatch:
+    """What `ReplayBuffer.sample` returns.
+
+    indices (B,) int64 slots; weights (B,) float IS weights in (0, 1]; probs (B,) sampling
+    probabilities; birth (B,) int64 steps the slots were written at; age (B,) int64 = step - birth;
+    beta the exponent used. Every stored field is an attribute too: `batch.tokens` is (B, ...).
+    """
+
+    def __init__(self, indices, weights, probs, birth, age, beta, fields):
+        self.indices, self.weights, self.probs = indices, weights, probs
+        self.birth, self.age, self.beta = birth, age, beta
+        self.fields = fields
+
+    def __getattr__(self, name):
+        fields = self.__dict__.get("fields", {})
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"SampleBatch has no field {name!r}; fields: {sorted(fields)}")
+
+    def __len__(self):
+        return self.indices.numel()
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+class ReplayBuffer:
+    """FreshPER replay buffer over `capacity` trajectory slots on `device`.
+
+    P(i) ∝ ((p_i + eps) · exp(-(t - b_i)/tau))^alpha over live slots ("freshper"); no decay for
+    "per"; equal for "uniform". Weights w_i = (N·P(i))^-beta / max_j (N·P(j))^-beta.
+    `fields` optionally declares {name: (shape_without_batch, dtype)}; otherwise the first
+    `add` fixes them.
+    """
+
+    def __init__(self, capacity: int, *, mode: str = "freshper", alpha: float = 0.6,
+                 beta: float | Callable[[int], float] = 0.4, tau: float = 500.0, eps: float = 1e-6,
+                 eviction: str = "fifo", device: str | torch.device = "cpu", seed: int = 0,
+                 fields: dict | None = None, sampler: str = "auto"):
+        if not _is_int(capacity) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be a finite float >= 0, got {alpha!r}")
+        if not (isinstance(tau, numbers.Real) and math.isfinite(tau) and tau > 0):
+            raise ValueError(f"tau must be a finite float > 0, got {tau!r}")
+        if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if callable(beta):
+            self._check_beta(beta(0), "beta(0)")
+        else:
+            self._check_beta(beta, "beta")
+        if not _is_int(seed):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.device = torch.device(device)
+        if sampler == "auto":
+            sampler = "triton" if self.device.type == "cuda" and fused.HAS_TRITON else (
+                "tree" if self.device.type == "cpu" else "scan")
+        if sampler == "tree" and self.device.type != "cpu":
+            raise ValueError(f"sampler='tree' needs device='cpu', got device={self.device}")
+        self.capacity, self.mode, self.alpha, self.tau, self.eps = capacity, mode, float(alpha), float(tau), float(eps)
+        self.beta, self.eviction, self.seed, self.sampler = beta, eviction, seed, sampler
+
+        d = self.device
+        self._log_base = torch.zeros(capacity, dtype=torch.float64, device=d)
+        self._birth = torch.zeros(capacity, dtype=torch.int64, device=d)
+        self._live = torch.zeros(capacity, dtype=torch.bool, device=d)
+        self._keys = torch.full((capacity,), -math.inf, dtype=torch.float64, device=d)
+        self._fields: dict[str, torch.Tensor] = {}
+        self._size = 0
+        self._next = 0  # FIFO write position
+        self._added = 0  # trajectories ever added
+        self._step: int | None = None  # latest step seen
+        self._gen = torch.Generator(device=d)
+        self._gen.manual_seed(seed)
+        self._tree = SumMinTree(capacity) if sampler == "tree" else None
+        self._ref = 0.0
+        self._mirror = None  # created on the first save
+        self._bind_views()
+        if fields:
+            self._declare({k: (tuple(s), dt) for k, (s, dt) in fields.items()})
+
+    # ----------------------------------------------------------------------------- validation
+    @staticmethod
+    def _check_beta(b, name):
+        if not (isinstance(b, numbers.Real) and 0.0 <= b <= 1.0):
+            raise ValueError(f"{name} must be a float in [0, 1], got {b!r}")
+
+    def _check_step(self, step, name="step") -> int:
+        if not _is_int(step):
+            raise ValueError(f"{name} must be an int, got {step!r}")
+        if self._step is not None and step < self._step:
+            raise ValueError(f"{name}={step} is earlier than step {self._step} already seen")
+        return int(step)
+
+    def _check_priority(self, priority, n: int | None) -> torch.Tensor:
+        p = torch.as_tensor(priority).detach().to(self.device, torch.float64)
+        if p.dim() != 1 or p.numel() == 0:
+            raise ValueError(f"priority must be a non-empty 1-D sequence (B,), got shape {tuple(p.shape)}")
+        if n is not None and p.numel() != n:
+            raise ValueError(f"priority has {p.numel()} entries, expected {n} (one per index)")
+        x, xp = (p.numpy(), np) if self.device.type == "cpu" else (p, torch)  # numpy: ~1 us a check
+        bad = ~xp.isfinite(x) | (x < 0)
+        if bool(bad.any()):
+            raise ValueError(f"priority must be finite and >= 0; got {x[bad][:4].tolist()}")
+        if self.mode != "uniform" and self.eps == 0 and bool((x == 0).any()):
+            raise ValueError("priority + eps must be > 0; got priority 0 with eps=0")
+        return p
+
+    def _declare(self, spec: dict) -> None:
+        for name, (shape, dtype) in spec.items():
+            if not name.isidentifier() or name in ("indices", "weights", "probs", "birth", "age", "beta", "fields"):
+                raise ValueError(f"field name {name!r} is not an identifier or is reserved")
+            self._fields[name] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
+
+    def _check_fields(self, fields: dict, n: int) -> None:
+        known = self._fields
+        if known and set(fields) != set(known):
+            raise ValueError(f"fields must be exactly {sorted(known)}, got {sorted(fields)}")
+        for name, t in fields.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"field {name!r} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() == 0 or t.shape[0] != n:
+                raise ValueError(f"field {name!r} must have leading dim {n} (len(priority)), got shape {tuple(t.shape)}")
+            if name in known:
+                want = known[name]
+                if tuple(t.shape[1:]) != tuple(want.shape[1:]):
+                    raise ValueError(f"field {name!r} must have shape (B, {', '.join(map(str, want.shape[1:]))}), "
+                                     f"got {tuple(t.shape)}")
+                if t.dtype != want.dtype:
+                    raise TypeError(f"field {name!r} must have dtype {want.dtype}, got {t.dtype}")
+
+    def _check_indices(self, indices) -> torch.Tensor:
+        idx = torch.as_tensor(indices).detach()
+        if idx.dim() != 1 or idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            raise ValueError(f"indices must be a non-empty 1-D integer tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+        idx = idx.to(self.device, torch.int64)
+        x, live = (idx.numpy(), self._np_live) if self.device.type == "cpu" else (idx, self._live)
+        out = (x < 0) | (x >= self.capacity)
+        if bool(out.any()):
+            raise ValueError(f"indices must lie in [0, {self.capacity}), got {x[out][:4].tolist()}")
+        if not bool(live[x].all()):
+            raise ValueError(f"indices point at empty slots: {x[~live[x]][:4].tolist()}")
+        return idx
+
+    # ------------------------------------------------------------------------------ internals
+    def _write(self, slots: torch.Tensor, p: torch.Tensor, step: int | None) -> int:
+        """Set priorities of `slots` (a repeated slot keeps its last value), mark them live and,
+        with `step`, re-stamp their birth. Returns how many of them were empty."""
+        if self._tree is not None:
+            newly, kmax = sumtree.write_slots(
+                self._np_log_base, self._np_birth, self._np_live, self._np_keys, self._tree.sums, self._tree.mins,
+                self._tree.size, slots.numpy(), p.numpy(), self.eps, 0 if step is None else step, step is not None,
+                sumtree.MODE_CODES[self.mode], self.alpha, self.tau, self._ref)
+            if kmax > self._ref + _REBASE_UP or self._tree.total < _REBASE_TOTAL:
+                self._rebuild()
+            return int(newly)
+        n = slots.numel()
+        uniq, inv = torch.unique(slots.flip(0), return_inverse=True)
+        first_rev = torch.full((uniq.numel(),), n, dtype=torch.long, device=self.device).scatter_reduce(
+            0, inv, torch.arange(n, device=self.device), reduce="amin")
+        keep = n - 1 - first_rev  # position of the last occurrence of each slot
+        slots, p = slots[keep], p[keep]
+        newly = int((~self._live[slots]).sum())
+        self._log_base[slots] = torch.log(p + self.eps)
+        if step is not None:
+            self._birth[slots] = step
+        self._live[slots] = True
+        self._keys[slots] = log_keys(self._log_base[slots], self._birth[slots], mode=self.mode, alpha=self.alpha,
+                                     tau=self.tau)
+        return newly
+
+    def _bind_views(self) -> None:
+        """numpy views of the CPU state, for the compiled tree loops (shared memory, no copy)."""
+        if self.device.type == "cpu":
+            self._np_log_base, self._np_birth = self._log_base.numpy(), self._birth.numpy()
+            self._np_live, self._np_keys = self._live.numpy(), self._keys.numpy()
+
+    def _recompute_keys(self, ref: float | None = None) -> None:
+        """All keys from log_base, birth and live, and the tree from scratch: O(N), on load.
+        Given the saved `ref`, the rebuilt tree is bit-identical to the saved one."""
+        k = log_keys(self._log_base, self._birth, mode=self.mode, alpha=self.alpha, tau=self.tau)
+        self._keys = torch.where(self._live, k, torch.full_like(k, -math.inf))
+        self._bind_views()
+        if self._tree is not None:
+            self._rebuild(ref)
+
+    def _rebuild(self, ref: float | None = None) -> None:
+        kn = self._keys.numpy()
+        self._ref = ref if ref is not None else (float(kn.max()) if self._size else 0.0)
+        self._tree.rebuild_from_keys(kn, self._ref)
+
+    def _beta_at(self, step: int) -> float:
+        if callable(self.beta):
+            b = self.beta(step)
+            self._check_beta(b, f"beta({step})")
+            return float(b)
+        return float(self.beta)
+
+    def _choose_slots(self, n: int) -> torch.Tensor:
+        if self.eviction == "fifo":
+            if self.device.type == "cpu":
+                return torch.from_numpy((self._next + np.arange(n)) % self.capacity)
+            return (self._next + torch.arange(n, device=self.device)) % self.capacity
+        free = (~self._live).nonzero().squeeze(1)
+        if free.numel() >= n:
+            return free[:n]
+        victims = torch.topk(self._keys.masked_fill(~self._live, math.inf), n - free.numel(), largest=False).indices
+        return torch.cat([free, victims])
+
+    # ---------------------------------------------------------------------------------- API
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def step(self) -> int | None:
+        """The latest step this buffer has been told about."""
+        return self._step
+
+    @property
+    def field_names(self) -> list[str]:
+        return sorted(self._fields)
+
+    def add(self, priority, step: int, **fields) -> torch.Tensor:
+        """Write B trajectories; returns their slots (B,) int64. priority (B,) >= 0, finite;
+        step: int, not earlier than any step seen; fields: tensors with leading dim B.
+        A full buffer evicts the oldest (fifo) or the least likely (stalest) slots."""
+        p = self._check_priority(priority, None)
+        n = p.numel()
+        if n > self.capacity:
+            raise ValueError(f"priority has {n} entries, more than capacity={self.capacity}")
+        step = self._check_step(step)
+        self._check_fields(fields, n)
+        if not self._fields:
+            self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
+
+        slots = self._choose_slots(n)
+        self._size += self._write(slots, p, step)
+        for name, t in fields.items():
+            self._fields[name][slots] = t.to(self.device)
+        self._next = (self._next + n) % self.capacity
+        self._added += n
+        self._step = step
+        return slots
+
+    def probabilities(self, step: int | None = None) -> torch.Tensor:
+        """Exact sampling distribution, (capacity,) float64, 0 for empty slots. The decay makes it
+        depend on ages only through birth-step differences, so `step` merely has to be valid."""
+        if step is not None:
+            self._step = self._check_step(step)
+        if self._size == 0:
+            return torch.zeros(self.capacity, dtype=torch.float64, device=self.device)
+        return torch.softmax(self._keys, 0)
+
+    def sample(self, batch_size: int, step: int | None = None) -> SampleBatch:
+        """Draw `batch_size` slots, one per stratum of the cumulative distribution (with
+        replacement across strata). Returns a SampleBatch; see its docstring."""
+        if not _is_int(batch_size) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty buffer; add() first")
+        step = self._check_step(step) if step is not None else self._step
+        beta = self._beta_at(step)
+        self._step = step
+
+        u = torch.rand(batch_size, generator=self._gen, dtype=torch.float64, device=self.device)
+        if self.sampler == "tree":
+            idx, probs, weights = (torch.empty(batch_size, dtype=torch.int64),
+                                   torch.empty(batch_size, dtype=torch.float64), torch.empty(batch_size, dtype=torch.float64))
+            t = self._tree
+            sumtree.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
+                                 weights.numpy())
+        elif self.sampler == "triton":
+            idx, probs, weights = fused.sample_triton(self._keys, u, beta)
+        else:
+            idx, probs, weights = fused.sample_reference(self._keys, u, beta)
+        birth = self._birth[idx]
+        fields = {name: t[idx] for name, t in self._fields.items()}
+        return SampleBatch(idx, weights, probs, birth, step - birth, beta, fields)
+
+    def update_priorities(self, indices, priority, step: int | None = None) -> None:
+        """Set the base priority of live `indices` (B,); with duplicates the last value wins.
+        With `step`, the slots are re-stamped as born at `step` (their age restarts)."""
+        idx = self._check_indices(indices)
+        p = self._check_priority(priority, idx.numel())
+        if step is not None:
+            step = self._check_step(step)
+        self._write(idx, p, step)
+        if step is not None:
+            self._step = step
+
+    # --------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        """{'meta': JSON-able dict, 'tensors': {name: CPU tensor}}; see freshper/checkpoint.py."""
+        return checkpoint.buffer_state(self)
+
+    def load_state_dict(self, sd: dict) -> None:
+        checkpoint.load_buffer_state(self, sd)
+
+    def save(self, path) -> None:
+        """Write the state atomically to `path` (safetensors with JSON metadata)."""
+        self._mirror = self._mirror or checkpoint.CpuMirror()
+        checkpoint.save_state(path, checkpoint.buffer_state(self, self._mirror, copy=False))
+
+    @classmethod
+    def load(cls, path, *, device=None, beta=None) -> "ReplayBuffer":
+        """A buffer from `save`d state. `beta` is required if the saved one was a custom callable."""
+        return checkpoint.buffer_from_file(cls, path, device=device, beta=beta)

