@@ -7,9 +7,9 @@ u_j = (j + U_j) / B * sum(exp(k - max k)), its probability P(i) = softmax(k)_i a
 importance weight w_i = (P(i) / min_live P)^-beta = exp(-beta (k_i - min_live k)) <= 1.
 
 The Triton path is two launches. `_block_stats` reduces each block of keys to its max, its
-sum of exp(k - block max) and its min (an online-softmax partial). `_search` runs one program
-per draw: it rescales and scans the block totals itself (at most a few thousand), picks the
-block, rescans that block in registers and finds the slot. A float scan need not be monotone
+sum of exp(k - block max) and its min (an online-softmax partial). `_search` handles a few
+draws per program: it rescales and scans the block totals itself (at most a few thousand),
+picks each draw's block, rescans that block in registers and finds the slot. A float scan need not be monotone
 and its total can fall below the last target, so both searches pick only entries of positive
 mass and fall back to the last such entry: an empty slot is never returned.
 """
@@ -38,8 +38,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _search(keys_ptr, n, bmax_ptr, bsum_ptr, bmin_ptr, nb, u_ptr, n_draws, beta,
-                idx_ptr, prob_ptr, w_ptr, BLOCK: tl.constexpr, NB_BLOCK: tl.constexpr):
-        j = tl.program_id(0)
+                idx_ptr, prob_ptr, w_ptr, BLOCK: tl.constexpr, NB_BLOCK: tl.constexpr, DRAWS: tl.constexpr):
+        # DRAWS draws per program, as rows of 2-D tiles: [DRAWS, NB_BLOCK] to pick the block,
+        # [DRAWS, BLOCK] to search inside it. The wrapper keeps both tiles near 8k elements.
+        j = tl.program_id(0) * DRAWS + tl.arange(0, DRAWS)
+        jmask = j < n_draws
         bo = tl.arange(0, NB_BLOCK)
         bmask = bo < nb
         bmax = tl.load(bmax_ptr + bo, mask=bmask, other=-float("inf"))
@@ -50,28 +53,32 @@ if HAS_TRITON:
         mass = bsum * scale
         incl = tl.cumsum(mass, axis=0)
         total = tl.sum(mass, axis=0)
-        u = tl.load(u_ptr + j).to(tl.float32)
-        target = (j + u) / n_draws * total
+        u = tl.load(u_ptr + j, mask=jmask, other=0.0).to(tl.float32)
+        target = (j.to(tl.float32) + u) / n_draws * total
         pos = mass > 0
-        b = tl.min(tl.where((incl > target) & pos, bo, NB_BLOCK), axis=0)
+        hit = (incl[None, :] > target[:, None]) & pos[None, :]
+        b = tl.min(tl.where(hit, bo[None, :], NB_BLOCK), axis=1)
         b = tl.where(b == NB_BLOCK, tl.max(tl.where(pos, bo, -1), axis=0), b)
-        sel = bo == b
+        sel = bo[None, :] == b[:, None]
         # Residual inside block b, in units of exp(k - block max) so the block never underflows.
-        before = tl.sum(tl.where(sel, incl - mass, 0.0), axis=0)
-        rest = (target - before) / tl.sum(tl.where(sel, scale, 0.0), axis=0)
-        bm = tl.sum(tl.where(sel, bmax, 0.0), axis=0)
+        before = tl.sum(tl.where(sel, (incl - mass)[None, :], 0.0), axis=1)
+        rest = (target - before) / tl.sum(tl.where(sel, scale[None, :], 0.0), axis=1)
+        bm = tl.sum(tl.where(sel, bmax[None, :], 0.0), axis=1)
 
-        offs = b * BLOCK + tl.arange(0, BLOCK)
-        k = tl.load(keys_ptr + offs, mask=offs < n, other=-float("inf")).to(tl.float64)
-        e = tl.where(k > -float("inf"), tl.exp((k - bm).to(tl.float32)), 0.0)
-        c = tl.cumsum(e, axis=0)
         lo = tl.arange(0, BLOCK)
-        i = tl.min(tl.where((c > rest) & (e > 0), lo, BLOCK), axis=0)
-        i = tl.where(i == BLOCK, tl.max(tl.where(e > 0, lo, -1), axis=0), i)
-        ki = tl.sum(tl.where(lo == i, k, 0.0), axis=0)
-        tl.store(idx_ptr + j, (b * BLOCK + i).to(tl.int64))
-        tl.store(prob_ptr + j, tl.exp((ki - big).to(tl.float32)) / total)
-        tl.store(w_ptr + j, tl.exp((-beta * (ki - kmin)).to(tl.float32)))
+        offs = b[:, None] * BLOCK + lo[None, :]
+        k = tl.load(keys_ptr + offs, mask=(offs < n) & jmask[:, None], other=-float("inf")).to(tl.float64)
+        e = tl.where(k > -float("inf"), tl.exp((k - bm[:, None]).to(tl.float32)), 0.0)
+        c = tl.cumsum(e, axis=1)
+        i = tl.min(tl.where((c > rest[:, None]) & (e > 0), lo[None, :], BLOCK), axis=1)
+        i = tl.where(i == BLOCK, tl.max(tl.where(e > 0, lo[None, :], -1), axis=1), i)
+        ki = tl.sum(tl.where(lo[None, :] == i[:, None], k, 0.0), axis=1)
+        tl.store(idx_ptr + j, (b * BLOCK + i).to(tl.int64), mask=jmask)
+        tl.store(prob_ptr + j, tl.exp((ki - big).to(tl.float32)) / total, mask=jmask)
+        tl.store(w_ptr + j, tl.exp((-beta * (ki - kmin)).to(tl.float32)), mask=jmask)
+
+
+_TILE = 8192  # elements of a search tile: draws per program x max(block, number of blocks)
 
 
 def _check(keys: torch.Tensor, uniforms: torch.Tensor, beta: float) -> None:
@@ -129,8 +136,9 @@ def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block
     idx = torch.empty(n_draws, dtype=torch.int64, device=dev)
     prob = torch.empty(n_draws, dtype=torch.float32, device=dev)
     w = torch.empty(n_draws, dtype=torch.float32, device=dev)
-    _search[(n_draws,)](keys, n, bmax, bsum, bmin, nb, uniforms.contiguous(), n_draws, float(beta),
-                        idx, prob, w, BLOCK=block, NB_BLOCK=nb_block)
+    draws = max(1, min(triton.next_power_of_2(n_draws), _TILE // max(block, nb_block)))
+    _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, bmin, nb, uniforms.contiguous(), n_draws,
+                                            float(beta), idx, prob, w, BLOCK=block, NB_BLOCK=nb_block, DRAWS=draws)
     return idx, prob, w
 
 

@@ -1,0 +1,127 @@
+"""The fused Triton sampler (interpreted on CPU) against the float64 torch reference."""
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from freshper import ReplayBuffer
+from freshper.kernels.sampler import sample_reference, sample_triton
+
+from ..freshper.helpers import filled
+
+
+def random_keys(n, seed, empty_frac=0.3, spread=3.0):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n, generator=g, dtype=torch.float64) * spread
+    k[torch.rand(n, generator=g) < empty_frac] = -math.inf
+    if not torch.isfinite(k).any():
+        k[n // 2] = 0.0
+    return k
+
+
+def assert_same_draws(keys, uniforms, beta, got, rtol=1e-5):
+    """Identical slots, except where a target lies within float32 rounding of a boundary
+    between two slots (the kernel scans in float32, the reference in float64)."""
+    idx, probs, w = sample_reference(keys, uniforms, beta)
+    gi, gp, gw = got
+    assert torch.isfinite(keys[gi]).all(), "an empty slot was returned"
+    diff = (gi != idx).nonzero().squeeze(1)
+    if diff.numel():
+        e = torch.where(torch.isfinite(keys), torch.exp(keys - keys.max()), torch.zeros_like(keys))
+        prefix = torch.cumsum(e, 0)
+        total = prefix[-1]
+        b = uniforms.numel()
+        target = (diff.double() + uniforms[diff]) / b * total
+        lo = torch.minimum(gi[diff], idx[diff])
+        boundary = prefix[lo]
+        assert ((target - boundary).abs() <= rtol * total).all(), (gi[diff], idx[diff])
+    same = gi == idx
+    torch.testing.assert_close(gp[same].double(), probs[same], rtol=rtol, atol=1e-12)
+    torch.testing.assert_close(gw[same].double(), w[same], rtol=rtol, atol=1e-12)
+
+
+CASES = [  # (n, block, draws, empty_frac, spread)
+    (1, None, 7, 0.0, 1.0),
+    (5, None, 64, 0.4, 1.0),
+    (100, None, 256, 0.3, 3.0),
+    (1000, 128, 100, 0.5, 3.0),
+    (5000, 1024, 64, 0.2, 10.0),
+    (20000, 2048, 256, 0.9, 2.0),
+]
+
+
+@pytest.mark.parametrize("n,block,draws,empty,spread", CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_reference(n, block, draws, empty, spread, seed):
+    keys = random_keys(n, seed, empty, spread)
+    u = torch.rand(draws, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64)
+    for beta in (0.0, 0.4, 1.0):
+        assert_same_draws(keys, u, beta, sample_triton(keys, u, beta, block=block))
+
+
+def test_float32_keys_and_huge_offsets():
+    """All-old buffers have keys ~ -1e4 relative to zero: only differences may matter."""
+    keys = random_keys(300, 3) - 1e4
+    u = torch.rand(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert_same_draws(keys, u, 0.4, sample_triton(keys, u, 0.4, block=64))
+    k32 = random_keys(300, 4).float()
+    assert_same_draws(k32.double(), u, 0.4, sample_triton(k32, u, 0.4, block=64))
+
+
+def test_targets_at_the_end_never_return_empty_slots():
+    """Uniforms of 1 - 2^-53 put the last target at the total, where a float32 scan can
+    end past every slot of positive mass; trailing empty slots must not be returned."""
+    keys = torch.full((2048,), -math.inf, dtype=torch.float64)
+    keys[[3, 700, 1500]] = torch.tensor([0.0, -60.0, 5.0], dtype=torch.float64)
+    u = torch.full((16,), 1 - 2 ** -53, dtype=torch.float64)
+    for block in (64, 512, 2048):
+        idx, _, _ = sample_triton(keys, u, 0.4, block=block)
+        assert set(idx.tolist()) <= {3, 700, 1500}
+        assert idx[-1].item() == 1500
+
+
+def test_blocks_far_below_the_max_are_skipped_not_returned():
+    """A block 200 nats below the max underflows to zero mass in float32; it must then get no
+    draws, while its exact probability (e^-200) is indeed below float32's reach."""
+    keys = torch.full((256,), -math.inf, dtype=torch.float64)
+    keys[:64] = -200.0
+    keys[200] = 0.0
+    idx, probs, w = sample_triton(keys, torch.rand(32, dtype=torch.float64), 0.5, block=64)
+    assert (idx == 200).all()
+    torch.testing.assert_close(w, torch.full((32,), math.exp(-0.5 * 200), dtype=torch.float32))
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="keys"):
+        sample_triton(torch.zeros(0), torch.rand(3), 0.4)
+    with pytest.raises(ValueError, match="uniforms"):
+        sample_reference(torch.zeros(3), torch.rand(2, 2), 0.4)
+    with pytest.raises(ValueError, match="beta"):
+        sample_reference(torch.zeros(3), torch.rand(2), 1.5)
+
+
+@pytest.mark.parametrize("mode", ["per", "freshper"])
+def test_buffer_statistics_through_the_kernel(mode):
+    buf = filled(mode, sampler="triton", capacity=64, n=64)
+    buf.update_priorities(torch.tensor([1, 5, 9]), torch.tensor([10.0, 0.0, 3.0]), step=buf.step + 4)
+    buf.add(torch.rand(8, dtype=torch.float64), step=buf.step + 1, tok=torch.zeros(8, 5, dtype=torch.long),
+            ret=torch.zeros(8))
+    probs = buf.probabilities()
+    draws, batch = 100_000, 5000
+    counts = torch.zeros(64, dtype=torch.float64)
+    for _ in range(draws // batch):
+        counts += torch.bincount(buf.sample(batch).indices, minlength=64).double()
+    live = probs > 0
+    assert chisquare(counts[live].numpy(), probs[live].numpy() * draws).pvalue > 1e-3
+    assert counts[~live].sum() == 0
+
+
+def test_buffer_kernel_and_tree_draw_the_same_slots():
+    tree = filled("freshper", sampler="tree", seed=5)
+    kern = filled("freshper", sampler="triton", seed=5)
+    for _ in range(5):
+        a, b = tree.sample(128), kern.sample(128)
+        assert (a.indices == b.indices).float().mean() > 0.99
+        same = a.indices == b.indices
+        torch.testing.assert_close(b.weights[same].double(), a.weights[same], rtol=1e-5, atol=0)
