@@ -1,4 +1,10 @@
-"""Triton kernels, each beside its torch reference. Nothing here knows about buffers or models."""
+"""Triton kernels, each beside its torch reference. Nothing here knows about buffers or models.
+
+On CUDA the public functions run the Triton kernels; elsewhere the torch references.
+"""
+from .fused_linear_policy_loss import fused_linear_policy_loss, token_logprobs
+from .policy_loss import AGGREGATIONS, loss_and_grad, policy_loss, policy_loss_reference, policy_loss_triton
 from .sampler import sample, sample_reference, sample_triton
 
-__all__ = ["sample", "sample_reference", "sample_triton"]
+__all__ = ["policy_loss", "fused_linear_policy_loss", "policy_loss_reference", "policy_loss_triton",
+           "loss_and_grad", "token_logprobs", "sample", "sample_reference", "sample_triton", "AGGREGATIONS"]

@@ -8,6 +8,7 @@ from scipy.stats import chisquare
 from freshper import ReplayBuffer
 from freshper.kernels.sampler import sample_reference, sample_triton
 
+from ..device import DEVICE, back, on
 from ..freshper.helpers import filled
 
 
@@ -57,16 +58,16 @@ def test_matches_reference(n, block, draws, empty, spread, seed):
     keys = random_keys(n, seed, empty, spread)
     u = torch.rand(draws, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64)
     for beta in (0.0, 0.4, 1.0):
-        assert_same_draws(keys, u, beta, sample_triton(keys, u, beta, block=block))
+        assert_same_draws(keys, u, beta, back(*sample_triton(on(keys), on(u), beta, block=block)))
 
 
 def test_float32_keys_and_huge_offsets():
     """All-old buffers have keys ~ -1e4 relative to zero: only differences may matter."""
     keys = random_keys(300, 3) - 1e4
     u = torch.rand(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert_same_draws(keys, u, 0.4, sample_triton(keys, u, 0.4, block=64))
+    assert_same_draws(keys, u, 0.4, back(*sample_triton(on(keys), on(u), 0.4, block=64)))
     k32 = random_keys(300, 4).float()
-    assert_same_draws(k32.double(), u, 0.4, sample_triton(k32, u, 0.4, block=64))
+    assert_same_draws(k32.double(), u, 0.4, back(*sample_triton(on(k32), on(u), 0.4, block=64)))
 
 
 def test_targets_at_the_end_never_return_empty_slots():
@@ -76,7 +77,7 @@ def test_targets_at_the_end_never_return_empty_slots():
     keys[[3, 700, 1500]] = torch.tensor([0.0, -60.0, 5.0], dtype=torch.float64)
     u = torch.full((16,), 1 - 2 ** -53, dtype=torch.float64)
     for block in (64, 512, 2048):
-        idx, _, _ = sample_triton(keys, u, 0.4, block=block)
+        idx, _, _ = back(*sample_triton(on(keys), on(u), 0.4, block=block))
         assert set(idx.tolist()) <= {3, 700, 1500}
         assert idx[-1].item() == 1500
 
@@ -87,14 +88,14 @@ def test_blocks_far_below_the_max_are_skipped_not_returned():
     keys = torch.full((256,), -math.inf, dtype=torch.float64)
     keys[:64] = -200.0
     keys[200] = 0.0
-    idx, probs, w = sample_triton(keys, torch.rand(32, dtype=torch.float64), 0.5, block=64)
+    idx, probs, w = back(*sample_triton(on(keys), on(torch.rand(32, dtype=torch.float64)), 0.5, block=64))
     assert (idx == 200).all()
     torch.testing.assert_close(w, torch.full((32,), math.exp(-0.5 * 200), dtype=torch.float32))
 
 
 def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="keys"):
-        sample_triton(torch.zeros(0), torch.rand(3), 0.4)
+        sample_triton(on(torch.zeros(0)), on(torch.rand(3)), 0.4)
     with pytest.raises(ValueError, match="uniforms"):
         sample_reference(torch.zeros(3), torch.rand(2, 2), 0.4)
     with pytest.raises(ValueError, match="beta"):
@@ -103,15 +104,15 @@ def test_rejects_bad_arguments():
 
 @pytest.mark.parametrize("mode", ["per", "freshper"])
 def test_buffer_statistics_through_the_kernel(mode):
-    buf = filled(mode, sampler="triton", capacity=64, n=64)
+    buf = filled(mode, sampler="triton", capacity=64, n=64, device=DEVICE)
     buf.update_priorities(torch.tensor([1, 5, 9]), torch.tensor([10.0, 0.0, 3.0]), step=buf.step + 4)
     buf.add(torch.rand(8, dtype=torch.float64), step=buf.step + 1, tok=torch.zeros(8, 5, dtype=torch.long),
             ret=torch.zeros(8))
-    probs = buf.probabilities()
+    probs = buf.probabilities().cpu()
     draws, batch = 100_000, 5000
     counts = torch.zeros(64, dtype=torch.float64)
     for _ in range(draws // batch):
-        counts += torch.bincount(buf.sample(batch).indices, minlength=64).double()
+        counts += torch.bincount(buf.sample(batch).indices.cpu(), minlength=64).double()
     live = probs > 0
     assert chisquare(counts[live].numpy(), probs[live].numpy() * draws).pvalue > 1e-3
     assert counts[~live].sum() == 0
@@ -119,7 +120,7 @@ def test_buffer_statistics_through_the_kernel(mode):
 
 def test_buffer_kernel_and_tree_draw_the_same_slots():
     tree = filled("freshper", sampler="tree", seed=5)
-    kern = filled("freshper", sampler="triton", seed=5)
+    kern = filled("freshper", sampler="triton", seed=5)  # CPU generator: the same uniforms as the tree
     for _ in range(5):
         a, b = tree.sample(128), kern.sample(128)
         assert (a.indices == b.indices).float().mean() > 0.99

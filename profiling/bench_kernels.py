@@ -1,0 +1,233 @@
+"""Microbenchmarks of the kernels against their baselines, measured in the same run.
+
+    python -m freshper.profiling.bench_kernels [--quick]
+
+On CUDA: triton.testing.do_bench medians for the fused sampler at N = 1e4..1e7 (B = 256)
+against the torch composite (exp, cumsum, searchsorted, gather), and for the policy losses
+(forward + backward) against torch eager, torch.compile and Liger's fused-linear GRPO loss when
+installed; achieved GB/s against the measured device-to-device copy bandwidth; peak memory.
+On CPU: the torch references, and the peak extra memory of the fused-linear loss against eager
+logits at V = 151,936 with a scaled-down token count, so the memory claim is checked every run.
+Baselines are the same functions the tests compare against.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+from freshper.kernels import fused_linear_policy_loss, policy_loss, policy_loss_reference
+from freshper.kernels.sampler import sample, sample_reference
+
+VOCAB = 151_936  # Qwen2.5
+
+
+def _keys(n: int, device) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = torch.randn(n, generator=g, dtype=torch.float64) * 2
+    k[torch.rand(n, generator=g) < 0.05] = -math.inf  # a few empty slots
+    return k.to(device)
+
+
+def _loss_inputs(B, T, device, dtype=torch.float32, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    logp = (-torch.rand(B, T, generator=g) * 3)
+    old = logp + torch.randn(B, T, generator=g) * 0.2
+    adv = torch.randn(B, T, generator=g)
+    mask = torch.rand(B, T, generator=g) > 0.1
+    w = torch.rand(B, generator=g)
+    ref = logp + torch.randn(B, T, generator=g) * 0.1
+    to = lambda t: t.to(device)  # noqa: E731
+    return to(logp.to(dtype)), to(old), to(adv), to(mask), to(w), to(ref)
+
+
+def _eager_linear(hidden, weight, targets, old, adv, mask, w):
+    logits = (hidden @ weight.T).float()
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    return policy_loss_reference(logp, old, adv, mask, w)
+
+
+def _fwd_bwd(fn, *leaves):
+    def run():
+        loss = fn()
+        torch.autograd.grad(loss, leaves)
+    return run
+
+
+# --------------------------------------------------------------------------- CPU measurement
+def _rss_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_extra_cpu_mb(run) -> float:
+    """Peak resident memory above the current level while `run()` executes (Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return float("nan")
+    before = _rss_mb("VmRSS")
+    run()
+    return _rss_mb("VmHWM") - before
+
+
+def _median_ms(run, reps=5) -> float:
+    run()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_cpu(quick: bool):
+    print("# CPU: torch references (Triton kernels need CUDA)")
+    print("\n| sampler N | B | torch reference (ms) |\n|---|---|---|")
+    for n in ([10**4, 10**5] if quick else [10**4, 10**5, 10**6]):
+        keys = _keys(n, "cpu")
+        u = torch.rand(256, dtype=torch.float64)
+        print(f"| {n:.0e} | 256 | {_median_ms(lambda: sample_reference(keys, u, 0.4)):.2f} |")
+
+    tokens = 256 if quick else 512
+    B, T, H = 2, tokens // 2, 128
+    print(f"\n## fused-linear policy loss, V = {VOCAB}, {B}x{T} tokens, H = {H}, float32, forward + backward")
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(B, T, H, generator=g).requires_grad_(True)
+    weight = (torch.randn(VOCAB, H, generator=g) / H ** 0.5).requires_grad_(True)
+    targets = torch.randint(0, VOCAB, (B, T), generator=g)
+    _, old, adv, mask, w, _ = _loss_inputs(B, T, "cpu")
+    eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
+    fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, chunk_size=256,
+                                                      vocab_chunk=8192), hidden, weight)
+    logits_mb = B * T * VOCAB * 4 / 2**20
+    m_eager, m_fused = _peak_extra_cpu_mb(eager), _peak_extra_cpu_mb(fused)
+    print("| path | peak extra memory (MiB) | time (ms) |\n|---|---|---|")
+    print(f"| eager logits + log_softmax | {m_eager:.0f} | {_median_ms(eager, 3):.0f} |")
+    print(f"| fused linear (chunks 256 x 8192) | {m_fused:.0f} | {_median_ms(fused, 3):.0f} |")
+    print(f"\nfused / eager peak memory: {m_fused / m_eager:.1%} (one float32 logits tensor here: {logits_mb:.0f} MiB; "
+          f"the weight gradient, {VOCAB * H * 4 / 2**20:.0f} MiB, is in both)")
+    return {"fused_over_eager_memory": m_fused / m_eager}
+
+
+# -------------------------------------------------------------------------- CUDA measurement
+def _copy_bandwidth_gbs() -> float:
+    import triton.testing
+
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x))
+    return 2 * x.numel() / ms / 1e6
+
+
+def bench_cuda(quick: bool):
+    import triton.testing
+
+    dev = "cuda"
+    name = torch.cuda.get_device_name()
+    import triton
+
+    print(f"# CUDA: {name}, torch {torch.__version__}, triton {triton.__version__}")
+    copy_bw = _copy_bandwidth_gbs()
+    print(f"device-to-device copy: {copy_bw:.0f} GB/s")
+    results = {"copy_gbs": copy_bw}
+
+    print("\n| sampler N | B | fused Triton (us) | torch composite (us) | speedup | Triton GB/s (keys read) |")
+    print("|---|---|---|---|---|---|")
+    for n in ([10**4, 10**6] if quick else [10**4, 10**5, 10**6, 10**7]):
+        keys = _keys(n, dev)
+        u = torch.rand(256, dtype=torch.float64, device=dev)
+        t_fused = triton.testing.do_bench(lambda: sample(keys, u, 0.4)) * 1e3
+        t_ref = triton.testing.do_bench(lambda: sample_reference(keys, u, 0.4)) * 1e3
+        gbs = keys.numel() * keys.element_size() / (t_fused * 1e-6) / 1e9
+        print(f"| {n:.0e} | 256 | {t_fused:.1f} | {t_ref:.1f} | {t_ref / t_fused:.1f}x | {gbs:.0f} |")
+        results[f"sampler_us_{n:.0e}"] = t_fused
+        results[f"sampler_speedup_{n:.0e}"] = t_ref / t_fused
+
+    print("\n| policy loss B x T | Triton (ms) | eager (ms) | torch.compile (ms) | Triton GB/s |")
+    print("|---|---|---|---|---|")
+    compiled = torch.compile(policy_loss_reference)
+    for B, T in ([(8, 1024)] if quick else [(8, 1024), (16, 4096), (8, 8192)]):
+        logp, old, adv, mask, w, ref = _loss_inputs(B, T, dev)
+        leaf = logp.clone().requires_grad_(True)
+        kw = dict(ref_logp=ref, kl_coef=0.01)
+        t_tr = triton.testing.do_bench(_fwd_bwd(lambda: policy_loss(leaf, old, adv, mask, w, **kw), leaf))
+        t_eager = triton.testing.do_bench(_fwd_bwd(lambda: policy_loss_reference(leaf, old, adv, mask, w, **kw), leaf))
+        try:
+            t_comp = triton.testing.do_bench(_fwd_bwd(lambda: compiled(leaf, old, adv, mask, w, **kw), leaf))
+            comp = f"{t_comp:.3f}"
+        except Exception as e:  # report, do not hide
+            comp = f"failed: {type(e).__name__}"
+        bytes_moved = B * T * (4 * 5 + 1 + 4)  # logp, old, adv, ref, dl write, mask, grad write
+        print(f"| {B}x{T} | {t_tr:.3f} | {t_eager:.3f} | {comp} | {bytes_moved / (t_tr * 1e-3) / 1e9:.0f} |")
+        results[f"loss_speedup_{B}x{T}"] = t_eager / t_tr
+
+    print(f"\n| fused-linear B x T, H, V={VOCAB}, bf16 | fused (ms) | eager (ms) | Liger GRPO (ms) | "
+          f"fused peak (GiB) | eager peak (GiB) | fused/eager memory |")
+    print("|---|---|---|---|---|---|---|")
+    shapes = [(4, 1024, 896)] if quick else [(4, 1024, 896), (4, 2048, 896), (2, 4096, 3584)]
+    for B, T, H in shapes:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        hidden = torch.randn(B, T, H, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
+        weight = (torch.randn(VOCAB, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16).requires_grad_(True)
+        targets = torch.randint(0, VOCAB, (B, T), generator=g).to(dev)
+        _, old, adv, mask, w, _ = _loss_inputs(B, T, dev)
+        fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w,
+                                                          chunk_size=2048, vocab_chunk=16384), hidden, weight)
+        eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
+        peaks = {}
+        for label, run in (("fused", fused), ("eager", eager)):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            run()
+            torch.cuda.synchronize()
+            peaks[label] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        t_fused = triton.testing.do_bench(fused)
+        t_eager = triton.testing.do_bench(eager)
+        liger = _liger_time(hidden, weight, targets, old, adv, mask)
+        print(f"| {B}x{T}, H={H} | {t_fused:.2f} | {t_eager:.2f} | {liger} | {peaks['fused']:.2f} | "
+              f"{peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
+        results[f"fused_memory_ratio_{B}x{T}x{H}"] = peaks["fused"] / peaks["eager"]
+    return results
+
+
+def _liger_time(hidden, weight, targets, old, adv, mask) -> str:
+    """Liger's fused-linear GRPO loss on the same shapes, if the package is installed."""
+    try:
+        import triton.testing
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+    except Exception:
+        return "not installed"
+    try:
+        loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False)
+        adv_seq = adv.mean(-1)
+
+        def run():
+            out = loss_fn(hidden, weight, targets, mask.long(), adv_seq, old_per_token_logps=old)
+            loss = out[0] if isinstance(out, tuple) else out
+            torch.autograd.grad(loss, (hidden, weight))
+        return f"{triton.testing.do_bench(run):.2f}"
+    except Exception as e:  # the API moves between versions; say so instead of guessing
+        return f"failed: {type(e).__name__}: {str(e)[:60]}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, smaller shapes")
+    args = ap.parse_args(argv)
+    if torch.cuda.is_available():
+        return bench_cuda(args.quick)
+    return bench_cpu(args.quick)
+
+
+if __name__ == "__main__":
+    main()
