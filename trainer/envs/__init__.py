@@ -1,0 +1,6 @@
+"""Text environments for multi-turn agent RL, behind one registry."""
+from .base import ENVS, StepResult, TextEnv, make_env, parse_action
+from .frozenlake import FrozenLake
+from .sokoban import Sokoban
+
+__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "Sokoban"]

@@ -1,0 +1,119 @@
+"""End to end on the tiny model: one run per arm, resume equality, checkpoint errors."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from freshper.trainer import config
+from freshper.trainer.checkpoint import CheckpointError
+from freshper.trainer.cli import main
+from freshper.trainer.loop import Trainer
+
+VOLATILE = ("time_", "weight_sync_s")
+
+
+def stable(row):
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+@pytest.mark.parametrize("mode", ["on-policy", "per", "freshper", "uniform"])
+def test_one_run_per_mode(tmp_path, mode):
+    cfg = config.load("tiny", None, {"algo.mode": mode, "train.iterations": 2})
+    tr = Trainer(cfg, tmp_path / mode)
+    rows = tr.run()
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["env_steps"] > 0 and 0 <= r["success"] <= 1 and r["gen_tokens"] > 0
+        assert all(v == v for v in r.values() if isinstance(v, float)), "no NaN in metrics"
+    if mode == "on-policy":
+        assert tr.buffer is None and "is_ess" not in rows[-1]
+    else:
+        assert rows[-1]["buffer_size"] == 2 * cfg.rollout.episodes
+        assert 0 < rows[-1]["is_ess"] <= 1 and rows[-1]["replay_age_max"] <= 1
+    run = tmp_path / mode
+    assert (run / "config.yaml").exists() and (run / "learning_curve.png").exists()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run / "checkpoints" / "latest").read_text().strip() == "iter_000002"
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    over = {"train.iterations": 3, "algo.mode": "freshper", "rollout.episodes": 4, "algo.replay_updates": 2}
+    full = Trainer(config.load("tiny", None, over), tmp_path / "full")
+    rows_full = full.run()
+
+    part = Trainer(config.load("tiny", None, over), tmp_path / "part")
+    part.run(iterations=2)
+    del part
+    resumed = Trainer(config.load("tiny", None, over), tmp_path / "part", resume=True)
+    assert resumed.iteration == 2 and len(resumed.buffer) == 8
+    rows_res = resumed.run()
+    assert [r["iteration"] for r in rows_res] == [2]
+    assert stable(rows_res[0]) == stable(rows_full[2])
+    for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert torch.equal(full.buffer.probabilities(), resumed.buffer.probabilities())
+    lines = [json.loads(x)["iteration"] for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [0, 1, 2]
+
+
+def test_resume_errors(tmp_path):
+    cfg = config.load("tiny", None, {"train.iterations": 1})
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        Trainer(cfg, tmp_path / "empty", resume=True)
+    Trainer(cfg, tmp_path / "r").run()
+    ck = tmp_path / "r" / "checkpoints"
+    (ck / "iter_000001" / "optim.pt").unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        Trainer(cfg, tmp_path / "r", resume=True)
+    shutil.rmtree(ck / "iter_000001")
+    Trainer(cfg, tmp_path / "r2").run()
+    (tmp_path / "r2" / "checkpoints" / "iter_000001" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="could not be loaded"):
+        Trainer(cfg, tmp_path / "r2", resume=True)
+
+
+def test_cli_train_and_resume(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path), "--train.name", "cli",
+                 "--train.iterations", "1"]) == 0
+    run = tmp_path / "cli"
+    assert (run / "checkpoints" / "latest").exists()
+    assert main(["train", "--resume", str(run), "--train.iterations", "2"]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert main(["plot", str(run)]) == 0
+    assert capsys.readouterr().out.strip().endswith("learning_curve.png")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--preset", "nope"], "presets: frozenlake"),
+    (["--algo.nope", "1"], "valid keys"),
+    (["--algo.mode", "sometimes"], "algo.mode must be one of"),
+    (["--algo.tau", "abc"], "algo.tau must be a float"),
+    (["--rollout.episodes", "5"], "multiple of rollout.group_size"),
+    (["--tau"], "needs a value"),
+    (["--resume", "/nonexistent"], "no config.yaml"),
+])
+def test_cli_errors_list_valid_choices(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *argv])
+    assert e.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_help_lists_every_field(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for key in config.field_table():
+        assert f"--{key}" in out
+    assert main(["bogus"]) == 2
+
+
+def test_config_file_and_precedence(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algo:\n  tau: 123\n  mode: per\ntrain:\n  iterations: 7\n")
+    cfg = config.load("sokoban-simple", str(f), {"iterations": "9"})
+    assert (cfg.env.name, cfg.algo.tau, cfg.algo.mode, cfg.train.iterations) == ("sokoban", 123.0, "per", 9)
+    f.write_text("algo:\n  taux: 1\n")
+    with pytest.raises(ValueError, match="taux"):
+        config.load("frozenlake", str(f))

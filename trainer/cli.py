@@ -1,0 +1,149 @@
+"""`freshper` command line: train, plot, profile, compare.
+
+    freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
+    freshper plot RUN_DIR
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import config as C
+
+
+def _overrides(rest: list[str]) -> dict:
+    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}."""
+    out, i = {}, 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}; overrides look like --section.field value")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(rest):
+                raise ValueError(f"--{key} needs a value")
+            value = rest[i + 1]
+            i += 2
+        out[key] = value
+    return out
+
+
+def _fields_help() -> str:
+    lines = ["config fields (--section.field VALUE; a unique field name may drop its section):"]
+    for key, (typ, default, help_) in C.field_table().items():
+        choices = f" {{{', '.join(C.CHOICES[key])}}}" if key in C.CHOICES else ""
+        lines.append(f"  --{key:<30} {typ.__name__:<5} default {default!r}{choices}: {help_}")
+    lines.append(f"presets: {', '.join(C.PRESETS)}")
+    return "\n".join(lines)
+
+
+class logging_to:
+    """Log INFO to stderr and RUN_DIR/train.log for the duration of a command."""
+
+    def __init__(self, run_dir: Path | None = None):
+        self.run_dir = run_dir
+
+    def __enter__(self):
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+        self.handlers = [logging.StreamHandler(sys.stderr)]
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.handlers.append(logging.FileHandler(self.run_dir / "train.log"))
+        root = logging.getLogger()
+        self.level = root.level
+        root.setLevel(logging.INFO)
+        for h in self.handlers:
+            h.setFormatter(fmt)
+            root.addHandler(h)
+        for noisy in ("transformers", "httpx", "huggingface_hub"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        return self
+
+    def __exit__(self, *exc):
+        root = logging.getLogger()
+        for h in self.handlers:
+            root.removeHandler(h)
+            h.close()
+        root.setLevel(self.level)
+        return False
+
+
+def run_dir_for(cfg: C.Config) -> Path:
+    name = cfg.train.name or f"{cfg.env.name}-{cfg.algo.mode}-s{cfg.train.seed}"
+    return Path(cfg.train.run_dir) / name
+
+
+def build_config(args, rest) -> tuple[C.Config, Path, bool]:
+    """(config, run dir, resume?) from the parsed train/profile arguments."""
+    overrides = _overrides(rest)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").exists():
+            raise ValueError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
+        cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides)
+        return cfg, run_dir, True
+    cfg = C.load(args.preset, args.config, overrides)
+    return cfg, run_dir_for(cfg), False
+
+
+def _train_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=_fields_help())
+    p.add_argument("--preset", default="frozenlake", help=f"one of: {', '.join(C.PRESETS)}")
+    p.add_argument("--config", help="a YAML file of {section: {field: value}}")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    return p
+
+
+def cmd_train(argv) -> int:
+    p = _train_parser("freshper train")
+    args, rest = p.parse_known_args(argv)
+    try:
+        cfg, run_dir, resume = build_config(args, rest)
+    except ValueError as e:
+        p.error(str(e))
+    from .loop import Trainer
+
+    with logging_to(run_dir):
+        trainer = Trainer(cfg, run_dir, resume=resume)
+        trainer.run()
+        logging.getLogger("freshper").info("run folder: %s", run_dir)
+    return 0
+
+
+def cmd_plot(argv) -> int:
+    p = argparse.ArgumentParser(prog="freshper plot", description="draw RUN_DIR/learning_curve.png")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="PNG path (default RUN_DIR/learning_curve.png)")
+    args = p.parse_args(argv)
+    from .metrics import plot
+
+    try:
+        print(plot(args.run_dir, args.out))
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "plot": cmd_plot}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: freshper {{{','.join(COMMANDS)}}} ...\n\n{__doc__}")
+        return 0 if argv else 2
+    cmd = argv[0]
+    if cmd not in COMMANDS:
+        print(f"freshper: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return COMMANDS[cmd](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

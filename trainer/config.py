@@ -1,0 +1,259 @@
+"""Run configuration: dataclasses with one line of help per field, presets, YAML, overrides.
+
+Every field can be set from the command line as `--section.field value`; a field name that is
+unique across sections may drop the section (`--engine vllm` means `--rollout.engine vllm`).
+Precedence: defaults < preset < --config file.yaml < command-line overrides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # local path or hub id of a causal LM; empty: the tiny model built for the env
+    tiny_hidden: int = 128  # tiny model: hidden size (head_dim is 64, so heads = hidden / 64)
+    tiny_layers: int = 2  # tiny model: transformer layers
+    tiny_vocab: int = 384  # tiny model: BPE vocabulary trained offline on the env's text
+    dtype: str = "auto"  # auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16
+    attn: str = "auto"  # auto (flash_attention_2 on CUDA if flash-attn imports, else sdpa) | sdpa | eager | flash_attention_2
+    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+
+
+@dataclass
+class EnvConfig:
+    name: str = "frozenlake"  # frozenlake | sokoban
+    max_turns: int = 8  # actions per episode (one per turn)
+    format_penalty: float = -0.15  # reward for an unparseable or unknown action
+    size: int = 4  # grid side
+    boxes: int = 1  # sokoban: number of boxes
+    p_frozen: float = 0.8  # frozenlake: probability that a tile is ice
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (transformers generate) | vllm (colocated vLLM)
+    episodes: int = 32  # episodes per iteration
+    group_size: int = 4  # episodes per initial state (GRPO groups share a seed)
+    max_new_tokens: int = 8  # tokens per response
+    max_len: int = 160  # prompt + response tokens per turn (padded length)
+    temperature: float = 1.0  # sampling temperature (full distribution: no top-k / top-p)
+    gpu_memory_utilization: float = 0.3  # vllm: fraction of GPU memory for weights and KV cache
+    vllm_sleep: bool = True  # vllm on CUDA: release KV cache and weights during training
+
+
+@dataclass
+class AlgoConfig:
+    mode: str = "freshper"  # on-policy | per | freshper | uniform (replay without priorities)
+    advantage: str = "reinforce++"  # reinforce++ (batch-normalised returns) | grpo (group-normalised)
+    replay_updates: int = 2  # K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)
+    replay_batch: int = 32  # trajectories per replay update
+    capacity: int = 2048  # buffer capacity in trajectories
+    alpha: float = 0.6  # priority exponent
+    beta: float = 0.4  # IS-weight exponent at the start
+    beta_end: float = 1.0  # IS-weight exponent after beta_steps iterations
+    beta_steps: int = 200  # iterations over which beta anneals linearly
+    tau: float = 1000.0  # freshness decay time in iterations (paper: 500, 1000 for FrozenLake)
+    eps: float = 1e-6  # added to base priorities
+    eviction: str = "fifo"  # fifo | stalest
+    priority: str = "reward"  # reward (|episode reward|, the paper's) | advantage (|advantage|)
+    clip_low: float = 0.2  # PPO clip below 1
+    clip_high: float = 0.28  # PPO clip above 1
+    kl_coef: float = 0.0  # k3 KL penalty to the initial policy (needs a reference model copy)
+    tis_cap: float = 0.0  # truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off
+    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup: int = 5  # linear learning-rate warm-up, iterations
+    grad_clip: float = 1.0  # max gradient norm
+    micro_batch: int = 64  # rows (turns) per forward/backward
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 150  # training iterations
+    seed: int = 0  # seeds the model init, env maps, sampling and the buffer
+    run_dir: str = "runs"  # parent folder of run folders
+    name: str = ""  # run folder name; empty: <env>-<mode>-s<seed>
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    checkpoint_every: int = 25  # iterations between checkpoints (and one at the end)
+    keep_checkpoints: int = 2  # checkpoints kept on disk
+    sft_steps: int = 60  # warm-start: supervised steps on well-formed random actions (0: none)
+    sft_lr: float = 1e-3  # warm-start learning rate
+    eval_every: int = 0  # iterations between greedy evaluations (0: none)
+    env_step_budget: int = 0  # stop once this many env steps are spent (0: no budget)
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "model.dtype": ("auto", "float32", "bfloat16"),
+    "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "env.name": ("frozenlake", "sokoban"),
+    "rollout.engine": ("hf", "vllm"),
+    "algo.mode": ("on-policy", "per", "freshper", "uniform"),
+    "algo.advantage": ("reinforce++", "grpo"),
+    "algo.eviction": ("fifo", "stalest"),
+    "algo.priority": ("reward", "advantage"),
+    "algo.agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "train.device": ("auto", "cpu", "cuda"),
+}
+
+PRESETS: dict[str, dict] = {
+    # The embedded default: FrozenLake with the tiny model on CPU, under 10 minutes on 2 cores.
+    "frozenlake": {},
+    "sokoban-simple": {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.max_turns": 10,
+                       "algo.tau": 500.0, "rollout.max_len": 200, "train.iterations": 200},
+    "sokoban-hard": {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.max_turns": 10,
+                     "algo.tau": 500.0, "rollout.max_len": 240, "train.iterations": 300},
+    # Seconds per iteration; for tests and smoke checks.
+    "tiny": {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 320, "rollout.episodes": 4,
+             "rollout.group_size": 2, "env.max_turns": 3, "algo.replay_batch": 4, "algo.capacity": 32,
+             "algo.replay_updates": 1, "train.iterations": 2, "train.sft_steps": 2, "train.checkpoint_every": 1,
+             "train.progress": False, "train.threads": 1},
+    # The paper's setting on a GPU node (weights must be on the machine or reachable from the hub).
+    "qwen2.5-0.5b-sokoban": {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "env.name": "sokoban", "env.size": 6,
+                             "env.boxes": 1, "env.max_turns": 10, "rollout.engine": "vllm", "rollout.episodes": 128,
+                             "rollout.group_size": 8, "rollout.max_new_tokens": 64, "rollout.max_len": 512,
+                             "algo.tau": 500.0, "algo.replay_batch": 128, "algo.capacity": 8192, "algo.lr": 1e-6,
+                             "algo.micro_batch": 32, "train.sft_steps": 0, "train.iterations": 200,
+                             "model.gradient_checkpointing": True},
+    # The GPU preset in short form: a few iterations with the tiny model, vLLM and bf16.
+    "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda",
+                  "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
+}
+
+SECTIONS = {f.name: f.type for f in fields(Config)}
+
+
+def field_table() -> dict[str, tuple[type, object, str]]:
+    """{'section.field': (type, default, help)} for every field, help from the source comments."""
+    import inspect
+
+    out = {}
+    for sec in fields(Config):
+        cls = {"model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "algo": AlgoConfig,
+               "train": TrainConfig}[sec.name]
+        helps = {}
+        for line in inspect.getsource(cls).splitlines():
+            line = line.strip()
+            if ":" in line and "#" in line and not line.startswith(("#", '"')):
+                helps[line.split(":")[0].strip()] = line.split("#", 1)[1].strip()
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            out[f"{sec.name}.{f.name}"] = (hints[f.name], getattr(cls(), f.name), helps.get(f.name, ""))
+    return out
+
+
+def resolve_key(key: str, table: dict | None = None) -> str:
+    """'algo.mode' stays; 'mode' becomes 'algo.mode' if unique; else ValueError listing keys."""
+    table = table or field_table()
+    if key in table:
+        return key
+    matches = [k for k in table if k.split(".", 1)[1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    hint = f"ambiguous, one of {matches}" if matches else f"valid keys: {', '.join(sorted(table))}"
+    raise ValueError(f"unknown config key {key!r} ({hint})")
+
+
+def _convert(key: str, typ, value):
+    if isinstance(value, str):
+        if typ is bool:
+            low = value.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{key} must be true or false, got {value!r}")
+            return low in ("true", "1", "yes")
+        try:
+            return typ(value)
+        except ValueError:
+            raise ValueError(f"{key} must be a {typ.__name__}, got {value!r}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ValueError(f"{key} must be a {typ.__name__}, got {value!r}")
+    return value
+
+
+def apply(cfg: Config, overrides: dict) -> Config:
+    """Set `{'section.field' or unique 'field': value}` on `cfg` (validated, in place)."""
+    table = field_table()
+    resolved = {resolve_key(k, table): v for k, v in overrides.items()}
+    for key, value in resolved.items():
+        typ = table[key][0]
+        value = _convert(key, typ, value)
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ValueError(f"{key} must be one of {CHOICES[key]}, got {value!r}")
+        sec, name = key.split(".", 1)
+        setattr(getattr(cfg, sec), name, value)
+    return cfg
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load(preset: str = "frozenlake", config_file: str | None = None, overrides: dict | None = None) -> Config:
+    """A validated Config from preset, then YAML file, then overrides."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    cfg = apply(Config(), PRESETS[preset])
+    if config_file:
+        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{config_file} must hold a mapping of sections to fields")
+        apply(cfg, flatten(data))
+    apply(cfg, overrides or {})
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks, raised before any work starts."""
+    positive = ["env.max_turns", "rollout.episodes", "rollout.group_size", "rollout.max_new_tokens", "rollout.max_len",
+                "algo.replay_batch", "algo.capacity", "algo.micro_batch", "train.checkpoint_every",
+                "train.keep_checkpoints", "model.tiny_hidden", "model.tiny_layers"]
+    for key in positive:
+        sec, name = key.split(".")
+        if getattr(getattr(cfg, sec), name) <= 0:
+            raise ValueError(f"{key} must be > 0, got {getattr(getattr(cfg, sec), name)}")
+    if cfg.rollout.episodes % cfg.rollout.group_size:
+        raise ValueError(f"rollout.episodes ({cfg.rollout.episodes}) must be a multiple of rollout.group_size "
+                         f"({cfg.rollout.group_size})")
+    if cfg.model.tiny_hidden % 64:
+        raise ValueError(f"model.tiny_hidden must be a multiple of 64 (head_dim 64), got {cfg.model.tiny_hidden}")
+    if cfg.algo.tau <= 0:
+        raise ValueError(f"algo.tau must be > 0, got {cfg.algo.tau}")
+    for key in ("algo.beta", "algo.beta_end"):
+        v = getattr(cfg.algo, key.split(".")[1])
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{key} must lie in [0, 1], got {v}")
+    if cfg.algo.replay_updates < 0 or cfg.train.iterations < 0 or cfg.train.sft_steps < 0:
+        raise ValueError("algo.replay_updates, train.iterations and train.sft_steps must be >= 0")
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,63 @@
+"""Generation with transformers' `generate` on the training model itself.
+
+The engine holds the very module the optimizer updates, so weight sync is free; it samples from
+the full distribution (top_k=0, top_p=1) so that the recorded log-probs are those of the
+behaviour policy, and reads them from the raw logits of each step.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from ..model import stop_token_ids
+from .base import Engine, Generation
+
+
+class HFEngine(Engine):
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tok = tokenizer
+        self.stops = stop_token_ids(tokenizer)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Generation:
+        if not prompts:
+            return Generation([], [])
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        pad = self.tok.pad_token_id
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        was_training = self.model.training
+        self.model.eval()
+        # A fresh GenerationConfig: a hub model's own defaults (top-k, top-p, repetition penalty)
+        # would make the sampling distribution differ from the logits we record.
+        gen_cfg = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                   repetition_penalty=1.0, max_new_tokens=max_new_tokens, eos_token_id=self.stops,
+                                   pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
+        self.model.train(was_training)
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, 1).float().cpu() / temperature  # (B, steps, V)
+        logp = torch.log_softmax(logits, -1).gather(-1, new[..., None])[..., 0]
+        token_ids, logprobs = [], []
+        for i in range(len(prompts)):
+            row = new[i].tolist()
+            n = len(row)
+            for j, t in enumerate(row):
+                if t in self.stops:
+                    n = j + 1
+                    break
+            token_ids.append(row[:n])
+            logprobs.append(logp[i, :n].tolist())
+        return Generation(token_ids, logprobs)
+
+    def sync_weights(self, model) -> float:
+        if model is not self.model:
+            raise ValueError("HFEngine generates with the training model itself; pass that model")
+        return 0.0

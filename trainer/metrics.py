@@ -1,0 +1,62 @@
+"""metrics.jsonl per run, and the learning-curve plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    """Appends one JSON object per iteration. On resume, lines past the checkpoint's iteration
+    (written after it, then lost with the crash) are dropped so the file never repeats one."""
+
+    def __init__(self, path: Path, resume_from: int | None = None):
+        self.path = Path(path)
+        if resume_from is not None and self.path.exists():
+            keep = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("iteration", -1) < resume_from]
+            self.path.write_text("".join(line + "\n" for line in keep))
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+
+def read(path) -> list[dict]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics.jsonl at {path}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(run_dir, out: str | None = None) -> Path:
+    """Success rate and reward against environment steps; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read(run_dir)
+    if not rows:
+        raise ValueError(f"{run_dir}/metrics.jsonl holds no iterations yet")
+    x = [r["env_steps"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, label in ((axes[0], "success", "success rate"), (axes[1], "reward", "episode reward")):
+        y = [r[key] for r in rows]
+        ax.plot(x, y, alpha=0.35, color="C0")
+        k = max(1, len(y) // 15)
+        smooth = [sum(y[max(0, i - k + 1):i + 1]) / len(y[max(0, i - k + 1):i + 1]) for i in range(len(y))]
+        ax.plot(x, smooth, color="C0", label=f"{label} (mean of {k})")
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle(f"{run_dir.name}", fontsize=10)
+    fig.tight_layout()
+    out_path = Path(out) if out else run_dir / "learning_curve.png"
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path

@@ -1,0 +1,148 @@
+"""The policy model and tokenizer: any local or hub causal LM, or a tiny one built offline.
+
+The tiny model is a random-initialised Qwen2-style decoder (head_dim 64, so vLLM can serve it)
+with a BPE tokenizer trained with `tokenizers` on text the environment itself generates. Both
+are written to a cache folder on first use and loaded from there afterwards; nothing is fetched
+at run time. "<answer>" and "</answer>" are single tokens, and "</answer>" ends a response.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from .config import Config
+from .envs import make_env
+
+log = logging.getLogger("freshper")
+SPECIALS = ["<pad>", "<eos>", "<answer>", "</answer>"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FRESHPER_CACHE", Path.home() / ".cache" / "freshper"))
+
+
+def env_kwargs(cfg: Config) -> dict:
+    e = cfg.env
+    kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
+    kw.update({"boxes": e.boxes} if e.name == "sokoban" else {"p": e.p_frozen})
+    return kw
+
+
+def corpus(cfg: Config, n_states: int = 300) -> list[str]:
+    """Text the tokenizer is trained on: prompts of random states and every answer."""
+    env = make_env(cfg.env.name, **env_kwargs(cfg))
+    texts = []
+    for seed in range(n_states):
+        env.reset(10_000_000 + seed)
+        texts.append(env.prompt())
+        env.step(f"<answer>{env.actions[seed % len(env.actions)]}</answer>")
+        if not env.done:
+            texts.append(env.prompt())
+    texts += [f"<answer>{a}</answer>" for a in env.actions] * 20
+    return texts
+
+
+def tiny_model_dir(cfg: Config) -> Path:
+    spec = {"env": cfg.env.name, "size": cfg.env.size, "boxes": cfg.env.boxes, "hidden": cfg.model.tiny_hidden,
+            "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed, "v": 1}
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    return cache_dir() / "models" / f"tiny-qwen2-{cfg.env.name}-{digest}"
+
+
+def build_tiny(cfg: Config) -> Path:
+    """Create (once) the tiny model and its tokenizer for cfg's env; returns the folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = tiny_model_dir(cfg)
+    if (path / "config.json").exists():
+        return path
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.model.tiny_vocab, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(cfg), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   additional_special_tokens=["<answer>", "</answer>"])
+    hidden = cfg.model.tiny_hidden
+    mcfg = Qwen2Config(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=cfg.model.tiny_layers, num_attention_heads=hidden // 64,
+                       num_key_value_heads=hidden // 64, head_dim=64, max_position_embeddings=1024,
+                       tie_word_embeddings=True, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
+                       bos_token_id=fast.eos_token_id, rope_theta=10000.0)
+    torch.manual_seed(cfg.train.seed)
+    model = Qwen2ForCausalLM(mcfg)
+    model.save_pretrained(tmp, safe_serialization=True)
+    fast.save_pretrained(tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process built it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built tiny Qwen2 model (%d params, vocab %d) at %s", model.num_parameters(), len(fast), path)
+    return path
+
+
+def pick_device(cfg: Config) -> torch.device:
+    if cfg.train.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device is cuda but torch sees no CUDA device")
+    return torch.device(cfg.train.device)
+
+
+def pick_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    if cfg.model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.model.dtype)
+
+
+def pick_attention(cfg: Config, device: torch.device) -> str:
+    if cfg.model.attn != "auto":
+        return cfg.model.attn
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            return "sdpa"
+    return "sdpa"
+
+
+def model_path(cfg: Config) -> str:
+    return cfg.model.path or str(build_tiny(cfg))
+
+
+def load_policy(cfg: Config, device: torch.device):
+    """(model, tokenizer, path) ready for training on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = model_path(cfg)
+    dtype = pick_dtype(cfg, device)
+    attn = pick_attention(cfg, device)
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn).to(device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    log.info("model %s on %s, %s, attention: %s", path, device, str(dtype).removeprefix("torch."), attn)
+    return model, tok, path
+
+
+def stop_token_ids(tok) -> list[int]:
+    """Tokens that end a response: EOS and, where it is a single token, '</answer>'."""
+    ids = [tok.eos_token_id]
+    close = tok.convert_tokens_to_ids("</answer>")
+    if isinstance(close, int) and close != tok.unk_token_id and close is not None:
+        ids.append(close)
+    return [i for i in ids if i is not None]
