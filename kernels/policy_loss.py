@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from freshper.profiling.nvtx import nvtx_range
+
 from .backend import HAS_TRITON, require_triton, use_triton
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -160,13 +162,15 @@ def loss_and_grad_triton(logp, old_logp, advantages, mask, weights=None, *, clip
     rows = torch.empty((B, 5), dtype=torch.float32, device=dev)
     block_t = min(2048, triton.next_power_of_2(max(T, 16)))
     if B > 0 and T > 0:
-        _policy_loss_fwd[(B,)](
-            logp, old_logp, adv, mask, w, ref, tis, dl, rows, T,
-            logp.stride(0), old_logp.stride(0), *adv_strides, mask.stride(0),
-            ref.stride(0), tis.stride(0), dl.stride(0),
-            float(clip_low), float(clip_high), float(kl_coef), float(tis_cap) if tis_cap is not None else float("inf"),
-            HAS_W=weights is not None, HAS_KL=ref_logp is not None and kl_coef > 0, HAS_TIS=tis_logp is not None,
-            BLOCK_T=block_t)
+        with nvtx_range("kernel:policy_loss"):
+            _policy_loss_fwd[(B,)](
+                logp, old_logp, adv, mask, w, ref, tis, dl, rows, T,
+                logp.stride(0), old_logp.stride(0), *adv_strides, mask.stride(0),
+                ref.stride(0), tis.stride(0), dl.stride(0),
+                float(clip_low), float(clip_high), float(kl_coef),
+                float(tis_cap) if tis_cap is not None else float("inf"),
+                HAS_W=weights is not None, HAS_KL=ref_logp is not None and kl_coef > 0, HAS_TIS=tis_logp is not None,
+                BLOCK_T=block_t)
     else:
         rows.zero_()
     coef = _row_coef(rows[:, 1], agg)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from freshper.profiling.nvtx import nvtx_range
+
 from .backend import HAS_TRITON, require_triton, use_triton
 
 if HAS_TRITON:
@@ -131,14 +133,16 @@ def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block
     bmax = torch.empty(nb, dtype=torch.float64, device=dev)
     bsum = torch.empty(nb, dtype=torch.float32, device=dev)
     bmin = torch.empty(nb, dtype=torch.float64, device=dev)
-    _block_stats[(nb,)](keys, n, bmax, bsum, bmin, BLOCK=block)
     n_draws = uniforms.numel()
     idx = torch.empty(n_draws, dtype=torch.int64, device=dev)
     prob = torch.empty(n_draws, dtype=torch.float32, device=dev)
     w = torch.empty(n_draws, dtype=torch.float32, device=dev)
     draws = max(1, min(triton.next_power_of_2(n_draws), _TILE // max(block, nb_block)))
-    _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, bmin, nb, uniforms.contiguous(), n_draws,
-                                            float(beta), idx, prob, w, BLOCK=block, NB_BLOCK=nb_block, DRAWS=draws)
+    with nvtx_range("kernel:sampler"):
+        _block_stats[(nb,)](keys, n, bmax, bsum, bmin, BLOCK=block)
+        _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, bmin, nb, uniforms.contiguous(), n_draws,
+                                                float(beta), idx, prob, w, BLOCK=block, NB_BLOCK=nb_block,
+                                                DRAWS=draws)
     return idx, prob, w
 
 

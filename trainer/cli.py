@@ -2,6 +2,7 @@
 
     freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
     freshper plot RUN_DIR
+    freshper profile [train arguments] --iterations S:E
 """
 from __future__ import annotations
 
@@ -116,6 +117,46 @@ def cmd_train(argv) -> int:
     return 0
 
 
+def cmd_profile(argv) -> int:
+    """`freshper profile [train args] --iterations S:E`: Nsight Systems on CUDA, torch.profiler on CPU."""
+    import subprocess
+
+    import torch
+
+    from freshper.profiling import nsight
+
+    p = _train_parser("freshper profile")
+    p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
+    args, rest = p.parse_known_args(argv)
+    try:
+        start, end = nsight.parse_window(args.iterations)
+        cfg, run_dir, resume = build_config(args, rest)
+    except ValueError as e:
+        p.error(str(e))
+    if end >= cfg.train.iterations:
+        p.error(f"--iterations {args.iterations} ends after train.iterations={cfg.train.iterations}")
+    cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
+    if cuda and not args.child:
+        out = run_dir / "profile" / f"iters_{start}_{end}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = nsight.nsys_command(out, [sys.executable, "-m", "freshper.trainer.cli", "profile", "--child", *argv])
+        print("running:", " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+        print(f"Nsight Systems report: {out}.nsys-rep (open with nsys-ui, or `nsys stats {out}.nsys-rep`)")
+        return rc
+    from .loop import Trainer
+
+    trace = run_dir / "profile" / f"trace_iters_{start}_{end}.json"
+    hook = nsight.CudaWindow(start, end) if cuda else nsight.CpuWindow(start, end, trace)
+    with logging_to(run_dir):
+        trainer = Trainer(cfg, run_dir, resume=resume)
+        trainer.run(iterations=end + 1 - trainer.iteration, on_iteration=hook)
+    if not cuda:
+        print(f"torch.profiler Chrome trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")
+    return 0
+
+
 def cmd_plot(argv) -> int:
     p = argparse.ArgumentParser(prog="freshper plot", description="draw RUN_DIR/learning_curve.png")
     p.add_argument("run_dir")
@@ -130,7 +171,7 @@ def cmd_plot(argv) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "plot": cmd_plot}
+COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile}
 
 
 def main(argv=None) -> int:

@@ -34,15 +34,41 @@ def row_lengths(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, pos + 1, torch.zeros_like(pos)).max(1).values
 
 
+def pack(tokens: torch.Tensor, lengths: torch.Tensor):
+    """Rows (R, n) with valid lengths (R,) -> (ids (1, N), position_ids (1, N)), N = sum(lengths):
+    the padding-free layout flash-attention's varlen path reads from position-id restarts."""
+    keep = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]
+    pos = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    return tokens[keep][None], pos[keep][None], keep
+
+
+def unpack(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(1, N, H) packed hidden states -> (R, n, H), zeros at padding."""
+    out = hidden.new_zeros(*keep.shape, hidden.shape[-1])
+    out[keep] = hidden[0]
+    return out
+
+
 class Policy:
     def __init__(self, model, cfg: Config, device: torch.device):
         self.model, self.cfg, self.device = model, cfg, device
+        # Padding-free (varlen) training forward where the attention honours position-id restarts:
+        # flash-attention 2 in transformers. sdpa and eager would attend across packed rows.
+        self.packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
         a = cfg.algo
         self.opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, a.warmup)))
         self.ref_model = None
         if a.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _hidden(self, decoder, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Last hidden states (R, n, H) of right-padded rows, packed when the attention allows."""
+        if self.packed:
+            ids, pos, keep = pack(tokens, lengths)
+            return unpack(decoder(input_ids=ids, position_ids=pos).last_hidden_state, keep)
+        attn = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]
+        return decoder(input_ids=tokens, attention_mask=attn.long()).last_hidden_state
 
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
@@ -55,8 +81,7 @@ class Policy:
             tk, mk = tokens[s:s + self.cfg.algo.micro_batch], mask[s:s + self.cfg.algo.micro_batch]
             n = int(row_lengths(mk).max())
             tk, mk = tk[:, :n].to(self.device), mk[:, :n].to(self.device)
-            attn = torch.arange(n, device=self.device)[None, :] < row_lengths(mk)[:, None]
-            hidden = decoder(input_ids=tk, attention_mask=attn.long()).last_hidden_state[:, :-1]
+            hidden = self._hidden(decoder, tk, row_lengths(mk))[:, :-1]
             sel = mk[:, 1:]
             lp, _ = token_logprobs(hidden[sel], head, tk[:, 1:][sel])
             block = torch.zeros(tk.shape[0], n - 1, dtype=torch.float32, device=self.device)
@@ -84,8 +109,7 @@ class Policy:
                 continue
             n = int(lengths[sl].max())
             tk, mk = tokens[sl, :n].to(self.device), mask[sl, :n].to(self.device)
-            attn = (torch.arange(n, device=self.device)[None, :] < lengths[sl, None].to(self.device)).long()
-            hidden = decoder(input_ids=tk, attention_mask=attn).last_hidden_state[:, :-1]
+            hidden = self._hidden(decoder, tk, lengths[sl].to(self.device))[:, :-1]
             micro_tok = int(mk[:, 1:].sum())
             micro_seq = int(mk[:, 1:].any(1).sum())
             share = micro_tok / max(total_tok, 1) if a.agg == "token-mean" else micro_seq / max(total_seq, 1)

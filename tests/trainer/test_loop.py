@@ -117,3 +117,16 @@ def test_config_file_and_precedence(tmp_path):
     f.write_text("algo:\n  taux: 1\n")
     with pytest.raises(ValueError, match="taux"):
         config.load("frozenlake", str(f))
+
+
+def test_profile_on_cpu_writes_a_chrome_trace_with_phase_ranges(tmp_path, capsys):
+    assert main(["profile", "--preset", "tiny", "--train.run_dir", str(tmp_path), "--train.name", "p",
+                 "--train.iterations", "3", "--iterations", "1:1"]) == 0
+    trace = tmp_path / "p" / "profile" / "trace_iters_1_1.json"
+    assert str(trace) in capsys.readouterr().out
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    for phase in ("rollout", "generate", "env_step", "logprob_recompute", "onpolicy_update", "buffer_add", "sample",
+                  "replay_update", "priority_update", "weight_sync"):
+        assert phase in names, phase
+    with pytest.raises(SystemExit):
+        main(["profile", "--preset", "tiny", "--iterations", "5:2"])
