@@ -286,6 +286,14 @@ class ReplayBuffer:
         self._step = step
         return slots
 
+    def set_tau(self, tau: float) -> None:
+        """Change the decay time (freshper mode). Every key depends on tau, so all are recomputed:
+        O(N), meant for occasional changes such as an adaptive tau once per iteration."""
+        if not (isinstance(tau, numbers.Real) and math.isfinite(tau) and tau > 0):
+            raise ValueError(f"tau must be a finite float > 0, got {tau!r}")
+        self.tau = float(tau)
+        self._recompute_keys()
+
     def probabilities(self, step: int | None = None) -> torch.Tensor:
         """Exact sampling distribution, (capacity,) float64, 0 for empty slots. The decay makes it
         depend on ages only through birth-step differences, so `step` merely has to be valid."""

@@ -3,6 +3,7 @@
     freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
     freshper plot RUN_DIR
     freshper profile [train arguments] --iterations S:E
+    freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
 """
 from __future__ import annotations
 
@@ -171,7 +172,13 @@ def cmd_plot(argv) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile}
+def cmd_compare(argv) -> int:
+    from .compare import main as compare_main
+
+    return compare_main(argv)
+
+
+COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile, "compare": cmd_compare}
 
 
 def main(argv=None) -> int:

@@ -59,6 +59,10 @@ class AlgoConfig:
     beta_end: float = 1.0  # IS-weight exponent after beta_steps iterations
     beta_steps: int = 200  # iterations over which beta anneals linearly
     tau: float = 1000.0  # freshness decay time in iterations (paper: 500, 1000 for FrozenLake)
+    tau_auto: bool = False  # freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)
+    tau_min: float = 20.0  # tau_auto: lower bound on tau
+    tau_max: float = 5000.0  # tau_auto: upper bound on tau
+    drift_ema: float = 0.9  # tau_auto: smoothing of the drift-rate estimate across iterations
     eps: float = 1e-6  # added to base priorities
     eviction: str = "fifo"  # fifo | stalest
     priority: str = "reward"  # reward (|episode reward|, the paper's) | advantage (|advantage|)

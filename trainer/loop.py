@@ -23,6 +23,7 @@ from freshper.profiling.nvtx import Ranges
 from . import checkpoint as ckpt
 from .advantages import advantages
 from .config import Config, to_yaml
+from .drift import DriftTau
 from .engines.base import make_engine
 from .envs import make_env
 from .metrics import MetricsLog, plot
@@ -43,11 +44,16 @@ def _rows(tokens, mask, *per_traj):
     """Flatten (E, turns, L) to the rows that hold a response; per-trajectory (E,) tensors are
     repeated per row."""
     has = mask.any(-1)  # (E, turns)
-    traj = has.nonzero()[:, 0]
+    traj = row_trajectory(mask)
     out = [tokens[has], mask[has]]
     for t in per_traj:
         out.append(None if t is None else (t[has] if t.dim() == 3 else t[traj]))
     return out
+
+
+def row_trajectory(mask: torch.Tensor) -> torch.Tensor:
+    """For each row `_rows` returns, the index of its trajectory."""
+    return mask.any(-1).nonzero()[:, 0]
 
 
 class Trainer:
@@ -64,6 +70,7 @@ class Trainer:
         a = cfg.algo
         self.K = 0 if a.mode == "on-policy" else a.replay_updates
         self.beta = linear_beta(a.beta, a.beta_end, steps=max(1, a.beta_steps))
+        self.drift = DriftTau(a.tau, a.tau_min, a.tau_max, a.drift_ema) if a.tau_auto and a.mode == "freshper" else None
         self.buffer = None
         self.iteration = 0
         self.env_steps = 0
@@ -73,6 +80,8 @@ class Trainer:
             path = ckpt.latest(self.run_dir / "checkpoints")
             state, self.buffer = ckpt.load(path, self.policy, self.device, self.beta)
             self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
+            if self.drift is not None and state.get("drift"):
+                self.drift.load(state["drift"])
             log.info("resumed from %s (iteration %d, %d env steps)", path, self.iteration, self.env_steps)
         else:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -168,6 +177,8 @@ class Trainer:
             with R.range("replay_update"):
                 tokens, mask, old, elogp, w, adv = _rows(b.tokens.long().cpu(), b.mask.cpu(), b.old_logp.cpu(),
                                                          b.engine_logp.cpu(), b.weights.float().cpu(), b.adv.cpu())
+                if self.drift is not None:
+                    self._observe_drift(b, tokens, mask, old)
                 st = self.policy.update(tokens, mask, old, adv, w, elogp)
             with R.range("priority_update"):
                 self.buffer.update_priorities(b.indices, self._priority(b.reward.cpu(), b.adv.cpu()))
@@ -181,13 +192,24 @@ class Trainer:
         out = {k: sum(v) / len(v) for k, v in stats.items() if v}
         if "replay_age_max" in out:
             out["replay_age_max"] = max(stats["replay_age_max"])
+        if self.drift is not None:
+            self.buffer.set_tau(self.drift.update())
+            out.update(tau=self.drift.tau, drift_rate=self.drift.rate)
         return out
+
+    def _observe_drift(self, b, tokens, mask, old) -> None:
+        """Per replayed trajectory: age and KL(mu || pi) summed over its response tokens."""
+        new = self.policy.logprobs(tokens, mask)
+        per_row = ((old - new) * mask).sum(-1)
+        kl = torch.zeros(len(b), dtype=torch.float64).index_add_(0, row_trajectory(b.mask.cpu()), per_row.double())
+        self.drift.observe(b.age.cpu(), kl)
 
     # ---------------------------------------------------------------------------------- run
     def save_checkpoint(self) -> Path:
         with self.ranges.range("checkpoint"):
             return ckpt.save(self.run_dir / "checkpoints", self.iteration, self.policy, self.buffer,
-                             {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path},
+                             {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path,
+                              "drift": self.drift.state() if self.drift is not None else None},
                              self.cfg.train.keep_checkpoints)
 
     def run(self, iterations: int | None = None, on_iteration=None) -> list[dict]:

@@ -276,3 +276,15 @@ def test_fields_declared_up_front():
     assert buf.sample(2).tok.shape == (2, 3)
     with pytest.raises(AttributeError, match="tok"):
         buf.sample(1).nope
+
+
+@pytest.mark.parametrize("sampler", CPU_SAMPLERS)
+def test_set_tau_matches_a_buffer_built_with_that_tau(sampler):
+    a = filled("freshper", sampler=sampler, tau=20.0)
+    b = filled("freshper", sampler=sampler, tau=5.0)
+    a.set_tau(5.0)
+    torch.testing.assert_close(a.probabilities(), b.probabilities(), rtol=1e-12, atol=0)
+    assert torch.equal(a.sample(64).indices, b.sample(64).indices)
+    with pytest.raises(ValueError, match="tau"):
+        a.set_tau(0.0)
+    assert a.tau == 5.0

@@ -1,0 +1,52 @@
+"""`freshper compare` end to end with tiny runs: table, plot, command, skip and resume."""
+import json
+
+import pytest
+
+from freshper.trainer.cli import main
+from freshper.trainer.compare import mean_ci, summarize
+
+TINY = ["--model.tiny_hidden", "64", "--model.tiny_layers", "1", "--model.tiny_vocab", "320", "--rollout.episodes",
+        "4", "--rollout.group_size", "2", "--env.max_turns", "3", "--algo.replay_batch", "4", "--train.sft_steps", "2"]
+
+
+def test_compare_runs_reports_and_resumes(tmp_path, capsys):
+    argv = ["compare", "--env", "frozenlake", "--arms", "on-policy,freshper", "--seeds", "2", "--budget", "20",
+            "--run-dir", str(tmp_path), "--name", "t", *TINY]
+    assert main(argv) == 0
+    out = tmp_path / "compare-t"
+    table = (out / "table.md").read_text()
+    assert "| on-policy | 2 |" in table and "| freshper | 2 |" in table
+    assert (out / "curves.png").stat().st_size > 0
+    assert (out / "command.txt").read_text().startswith("freshper compare --env frozenlake")
+    res = json.loads((out / "results.json").read_text())
+    assert set(res) == {"on-policy", "freshper"} and len(res["freshper"]["per_seed"]) == 2
+    for s in res["freshper"]["per_seed"]:
+        assert s["env_steps"] >= 20
+    # the same environments for every arm: seed 0 of both arms starts from identical states
+    a = (out / "on-policy-s0" / "metrics.jsonl").read_text().splitlines()[0]
+    b = (out / "freshper-s0" / "metrics.jsonl").read_text().splitlines()[0]
+    assert json.loads(a)["env_steps"] > 0 and json.loads(b)["env_steps"] > 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "4 done, 0 to run" in capsys.readouterr().out
+    (out / "freshper-s1" / "DONE").unlink()
+    assert main(argv) == 0
+    assert "3 done, 1 to run" in capsys.readouterr().out
+
+
+def test_compare_rejects_bad_arguments(tmp_path, capsys):
+    for argv, msg in [(["--arms", "on-policy,magic"], "unknown arms"), (["--env", "chess"], "--env must be"),
+                      (["--arms", "on-policy", "--tau-sweep", "100"], "freshper arm"),
+                      (["--algo.bogus", "1"], "valid keys")]:
+        with pytest.raises(SystemExit):
+            main(["compare", "--run-dir", str(tmp_path), *argv])
+        assert msg in capsys.readouterr().err
+
+
+def test_summary_statistics():
+    rows = [{"env_steps": 10 * (i + 1), "success": 1.0 if i >= 5 else 0.0, "reward": 0.0} for i in range(10)]
+    s = summarize(rows, 100)
+    assert s["final_success"] == 1.0 and 0.4 < s["auc"] < 0.6
+    m, h = mean_ci([0.2, 0.4, 0.6])
+    assert m == pytest.approx(0.4) and h == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
