@@ -89,7 +89,6 @@ class TrainConfig:
     keep_checkpoints: int = 2  # checkpoints kept on disk
     sft_steps: int = 60  # warm-start: supervised steps on well-formed random actions (0: none)
     sft_lr: float = 1e-3  # warm-start learning rate
-    eval_every: int = 0  # iterations between greedy evaluations (0: none)
     env_step_budget: int = 0  # stop once this many env steps are spent (0: no budget)
     threads: int = 0  # torch CPU threads (0: torch's default)
     progress: bool = True  # tqdm progress bar
