@@ -188,7 +188,7 @@ def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, cli
     dt = logp.dtype if logp.dtype == torch.float64 else torch.float32
     lp = logp.to(dt)
     old = old_logp.to(dt)
-    m = mask.to(dt) if mask.dtype != torch.bool else mask.to(dt)
+    m = mask.to(dt)
     a = advantages.to(dt)
     a = a[:, None].expand_as(lp) if a.dim() == 1 else a
     ratio = torch.exp(lp - old)

@@ -1,0 +1,34 @@
+"""The benchmarks run and print their tables; the Nsight recipe's argument handling."""
+import shutil
+
+import pytest
+
+from freshper.profiling import bench_kernels, bench_replay, nsight
+
+
+def test_bench_replay_prints_a_ratio_table(capsys):
+    bench_replay.main(["--capacities", "1e3,4e3", "--steps", "5", "--scan"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 1e+03") or line.startswith("| 4e+03")]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("x") for row in rows)
+
+
+def test_bench_kernels_cpu_checks_the_memory_claim(capsys):
+    result = bench_kernels.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "fused / eager peak memory" in out
+    # one float32 (tokens, V) logits tensor is ~148 MiB here; the fused path must stay well below eager
+    assert result["fused_over_eager_memory"] < 0.5
+
+
+def test_window_parsing():
+    assert nsight.parse_window("2:4") == (2, 4)
+    for bad in ("4:2", "x", "1", "-1:2"):
+        with pytest.raises(ValueError, match="iterations"):
+            nsight.parse_window(bad)
+
+
+@pytest.mark.skipif(shutil.which("nsys") is not None, reason="nsys is installed here")
+def test_nsys_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nsys"):
+        nsight.nsys_command(tmp_path / "r", ["python", "-c", "pass"])
