@@ -17,8 +17,9 @@ losses are then aggregated over the mask:
 Fully masked sequences contribute nothing and do not count; an all-masked batch gives 0.
 
 Every token's loss depends on its own log-prob alone, so d loss / d logp_t = coef_b * dl_t with
-coef_b fixed by the mask. The kernel runs one program per sequence, computes dl_t and the row
-sums in the same pass, and backward only scales dl by coef_b and the incoming gradient.
+coef_b fixed by the mask. The kernel runs one program per (sequence, block of tokens), computes
+dl_t and the partial sums in the same pass, and backward only scales dl by coef_b and the
+incoming gradient.
 """
 from __future__ import annotations
 
@@ -38,58 +39,52 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _policy_loss_fwd(logp_ptr, old_ptr, adv_ptr, mask_ptr, w_ptr, ref_ptr, tis_ptr, dl_ptr, rows_ptr,
+    def _policy_loss_fwd(logp_ptr, old_ptr, adv_ptr, mask_ptr, w_ptr, ref_ptr, tis_ptr, dl_ptr, part_ptr,
                          T, stride_lp, stride_old, stride_adv_b, stride_adv_t, stride_mask, stride_ref, stride_tis,
                          stride_dl,
                          clip_low, clip_high, kl_coef, tis_cap,
                          HAS_W: tl.constexpr, HAS_KL: tl.constexpr, HAS_TIS: tl.constexpr, BLOCK_T: tl.constexpr):
+        # Program (b, c) handles tokens [c*BLOCK_T, (c+1)*BLOCK_T) of sequence b and writes its five
+        # partial sums; a grid over tokens as well as sequences keeps every SM busy when B is small.
         b = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        n_chunks = tl.num_programs(1)
         w = tl.load(w_ptr + b).to(tl.float32) if HAS_W else 1.0
-        acc_loss = tl.zeros((BLOCK_T,), tl.float32)
-        acc_tok = tl.zeros((BLOCK_T,), tl.float32)
-        acc_clip = tl.zeros((BLOCK_T,), tl.float32)
-        acc_ratio = tl.zeros((BLOCK_T,), tl.float32)
-        acc_kl = tl.zeros((BLOCK_T,), tl.float32)
-        for start in range(0, T, BLOCK_T):
-            t = start + tl.arange(0, BLOCK_T)
-            inb = t < T
-            m = (tl.load(mask_ptr + b * stride_mask + t, mask=inb, other=0) != 0) & inb
-            mf = m.to(tl.float32)
-            lp = tl.load(logp_ptr + b * stride_lp + t, mask=m, other=0.0).to(tl.float32)
-            old = tl.load(old_ptr + b * stride_old + t, mask=m, other=0.0).to(tl.float32)
-            a = tl.load(adv_ptr + b * stride_adv_b + t * stride_adv_t, mask=m, other=0.0).to(tl.float32)
-            ratio = tl.exp(lp - old)
-            clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
-            s1 = ratio * a
-            s2 = clipped * a
-            # The clipped branch binds when it is strictly smaller: then the gradient is zero.
-            binds = s2 < s1
-            pg = -tl.where(binds, s2, s1)
-            dpg = tl.where(binds, 0.0, -s1)
-            scale = w
-            if HAS_TIS:
-                tis = tl.load(tis_ptr + b * stride_tis + t, mask=m, other=0.0).to(tl.float32)
-                scale = w * tl.minimum(tl.exp(old - tis), tis_cap)
-            loss = scale * pg
-            dl = scale * dpg
-            if HAS_KL:
-                ref = tl.load(ref_ptr + b * stride_ref + t, mask=m, other=0.0).to(tl.float32)
-                e = tl.exp(ref - lp)
-                kl = e - (ref - lp) - 1.0
-                loss += kl_coef * kl
-                dl += kl_coef * (1.0 - e)
-                acc_kl += tl.where(m, kl, 0.0)
-            tl.store(dl_ptr + b * stride_dl + t, tl.where(m, dl, 0.0), mask=inb)
-            acc_loss += tl.where(m, loss, 0.0)
-            acc_tok += mf
-            clip_active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
-            acc_clip += tl.where(m & clip_active, 1.0, 0.0)
-            acc_ratio += tl.where(m, ratio, 0.0)
-        tl.store(rows_ptr + b * 5 + 0, tl.sum(acc_loss, axis=0))
-        tl.store(rows_ptr + b * 5 + 1, tl.sum(acc_tok, axis=0))
-        tl.store(rows_ptr + b * 5 + 2, tl.sum(acc_clip, axis=0))
-        tl.store(rows_ptr + b * 5 + 3, tl.sum(acc_ratio, axis=0))
-        tl.store(rows_ptr + b * 5 + 4, tl.sum(acc_kl, axis=0))
+        t = c * BLOCK_T + tl.arange(0, BLOCK_T)
+        inb = t < T
+        m = (tl.load(mask_ptr + b * stride_mask + t, mask=inb, other=0) != 0) & inb
+        lp = tl.load(logp_ptr + b * stride_lp + t, mask=m, other=0.0).to(tl.float32)
+        old = tl.load(old_ptr + b * stride_old + t, mask=m, other=0.0).to(tl.float32)
+        a = tl.load(adv_ptr + b * stride_adv_b + t * stride_adv_t, mask=m, other=0.0).to(tl.float32)
+        ratio = tl.exp(lp - old)
+        clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
+        s1 = ratio * a
+        s2 = clipped * a
+        # The clipped branch binds when it is strictly smaller: then the gradient is zero.
+        binds = s2 < s1
+        pg = -tl.where(binds, s2, s1)
+        dpg = tl.where(binds, 0.0, -s1)
+        scale = w
+        if HAS_TIS:
+            tis = tl.load(tis_ptr + b * stride_tis + t, mask=m, other=0.0).to(tl.float32)
+            scale = w * tl.minimum(tl.exp(old - tis), tis_cap)
+        loss = scale * pg
+        dl = scale * dpg
+        kl = tl.zeros((BLOCK_T,), tl.float32)
+        if HAS_KL:
+            ref = tl.load(ref_ptr + b * stride_ref + t, mask=m, other=0.0).to(tl.float32)
+            e = tl.exp(ref - lp)
+            kl = e - (ref - lp) - 1.0
+            loss += kl_coef * kl
+            dl += kl_coef * (1.0 - e)
+        tl.store(dl_ptr + b * stride_dl + t, tl.where(m, dl, 0.0), mask=inb)
+        clip_active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
+        out = part_ptr + (b * n_chunks + c) * 5
+        tl.store(out + 0, tl.sum(tl.where(m, loss, 0.0), axis=0))
+        tl.store(out + 1, tl.sum(m.to(tl.float32), axis=0))
+        tl.store(out + 2, tl.sum(tl.where(m & clip_active, 1.0, 0.0), axis=0))
+        tl.store(out + 3, tl.sum(tl.where(m, ratio, 0.0), axis=0))
+        tl.store(out + 4, tl.sum(tl.where(m, kl, 0.0), axis=0))
 
 
 def check_inputs(logp, old_logp, advantages, mask, weights, clip_low, clip_high, agg, ref_logp, kl_coef,
@@ -159,20 +154,20 @@ def loss_and_grad_triton(logp, old_logp, advantages, mask, weights=None, *, clip
     tis = rowmajor(tis_logp) if tis_logp is not None else logp
     w = weights.contiguous() if weights is not None else logp
     dl = torch.empty((B, T), dtype=torch.float32, device=dev)
-    rows = torch.empty((B, 5), dtype=torch.float32, device=dev)
-    block_t = min(2048, triton.next_power_of_2(max(T, 16)))
+    block_t = min(1024, triton.next_power_of_2(max(T, 16)))
+    n_chunks = triton.cdiv(T, block_t) if T > 0 else 0
+    parts = torch.empty((B, n_chunks, 5), dtype=torch.float32, device=dev)
     if B > 0 and T > 0:
         with nvtx_range("kernel:policy_loss"):
-            _policy_loss_fwd[(B,)](
-                logp, old_logp, adv, mask, w, ref, tis, dl, rows, T,
+            _policy_loss_fwd[(B, n_chunks)](
+                logp, old_logp, adv, mask, w, ref, tis, dl, parts, T,
                 logp.stride(0), old_logp.stride(0), *adv_strides, mask.stride(0),
                 ref.stride(0), tis.stride(0), dl.stride(0),
                 float(clip_low), float(clip_high), float(kl_coef),
                 float(tis_cap) if tis_cap is not None else float("inf"),
                 HAS_W=weights is not None, HAS_KL=ref_logp is not None and kl_coef > 0, HAS_TIS=tis_logp is not None,
                 BLOCK_T=block_t)
-    else:
-        rows.zero_()
+    rows = parts.sum(1)  # (B, 5): loss, tokens, clipped, ratio and kl sums per sequence
     coef = _row_coef(rows[:, 1], agg)
     loss = (rows[:, 0] * coef).sum()
     return loss, dl * coef[:, None], _stats(rows)
