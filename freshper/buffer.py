@@ -230,7 +230,8 @@ class ReplayBuffer:
 
     def _rebuild(self, ref: float | None = None) -> None:
         kn = self._keys.numpy()
-        self._ref = ref if ref is not None else (float(kn.max()) if self._size else 0.0)
+        top = float(kn.max())  # -inf when no slot is live
+        self._ref = ref if ref is not None else (top if math.isfinite(top) else 0.0)
         self._tree.rebuild_from_keys(kn, self._ref)
 
     def _beta_at(self, step: int) -> float:

@@ -288,3 +288,16 @@ def test_set_tau_matches_a_buffer_built_with_that_tau(sampler):
     with pytest.raises(ValueError, match="tau"):
         a.set_tau(0.0)
     assert a.tau == 5.0
+
+
+@pytest.mark.parametrize("sampler", CPU_SAMPLERS)
+def test_first_add_at_a_late_step(sampler):
+    """A buffer created mid-run (first step 10^6, keys ~ alpha * 10^6 / tau = 1200 nats) must
+    shift its tree to the keys, not overflow exp(k)."""
+    buf = ReplayBuffer(8, tau=500.0, sampler=sampler)
+    buf.add(torch.tensor([1.0, 3.0]), step=1_000_000)
+    buf.add(torch.tensor([2.0]), step=1_000_050)
+    b = buf.sample(32)
+    assert torch.isfinite(b.probs).all() and torch.isfinite(b.weights).all()
+    torch.testing.assert_close(b.probs.double(), buf.probabilities()[b.indices])
+    assert abs(float(buf.probabilities().sum()) - 1) < 1e-12
