@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 python -c "import freshper.kernels" 2>/dev/null || python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 
 echo "== kernel tests, compiled =="
-timeout 240 python -m pytest -q -x tests/kernels tests/freshper/test_buffer.py 2>&1 | tee "$out/tests.txt" | tail -5
+timeout 240 python -m pytest -q -x tests/kernels tests/freshper/test_buffer.py tests/freshper/test_checkpoint.py tests/trainer/test_packing.py 2>&1 | tee "$out/tests.txt" | tail -5
 
 echo "== bench_kernels =="
 timeout 240 python -m freshper.profiling.bench_kernels 2>&1 | tee "$out/bench_kernels.txt"

@@ -120,3 +120,16 @@ def test_file_is_plain_safetensors_with_json_header(tmp_path):
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     meta = json.loads(header["__metadata__"]["freshper"])
     assert meta["format_version"] == ckpt.FORMAT_VERSION and meta["counters"]["size"] == 48
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned-memory side-stream mirror needs CUDA")
+def test_cuda_buffer_round_trip_through_the_mirror(tmp_path):
+    buf = filled("freshper", device="cuda")
+    buf.sample(8)
+    path = tmp_path / "cuda.safetensors"
+    buf.save(path)
+    assert all(t.is_pinned() for t in buf._mirror.wait().values())
+    other = ReplayBuffer.load(path, device="cuda")
+    a, b = buf.sample(64, step=buf.step + 1), other.sample(64, step=other.step + 1)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.weights, b.weights)
+    assert a.indices.is_cuda and torch.equal(a.tok, b.tok)
