@@ -2,19 +2,23 @@
 
 Every replay update sees, for each replayed trajectory of age Δ (iterations since it was
 collected), its stored behaviour log-probs log mu and the current log-probs log pi of the same
-tokens. Their summed difference over the trajectory's response tokens estimates the
-trajectory-level KL(mu || pi), which grows with age: KL(Δ) ≈ r·Δ. A least-squares line through
-the origin gives the drift rate r for the iteration; an exponential moving average smooths it.
+tokens. The mean of log mu - log pi over the trajectory's response tokens estimates the
+per-token KL(mu || pi), which grows with age: KL(Δ) ≈ r·Δ. A least-squares line through the
+origin gives the drift rate r for the iteration; an exponential moving average smooths it.
 
-If the trajectory-level log importance ratio log ρ is roughly normal with E[ρ] = 1, its variance
-is 2·KL and the effective-sample-size fraction of IS with ρ is 1 / E[ρ²] = exp(-2·KL)
-= exp(-2·r·Δ). Setting
+The replay loss weights each token by its own ratio rho = pi / mu (clipped), so the variance
+that matters is a token's. If log rho is roughly normal with E[rho] = 1, its variance is 2·KL
+and the effective-sample-size fraction of importance sampling with rho is
+1 / E[rho²] = exp(-2·KL) = exp(-2·r·Δ): a trajectory's tokens are worth that fraction of fresh
+ones. Setting
 
     tau = 1 / (2 r)
 
 makes the freshness factor exp(-Δ/tau) equal to that ESS fraction: a trajectory's priority
 halves exactly when its effective sample size does, at Δ = ln 2 / (2r). The result is kept in
 [tau_min, tau_max] (configured bounds, logged with the estimate), since r is noisy early on.
+(With the product of a whole trajectory's ratios instead, KL and r grow with its length and tau
+shrinks by the same factor; at T ≈ 40 response tokens that gave tau ≈ 1 iteration here.)
 """
 from __future__ import annotations
 

@@ -198,11 +198,13 @@ class Trainer:
         return out
 
     def _observe_drift(self, b, tokens, mask, old) -> None:
-        """Per replayed trajectory: age and KL(mu || pi) summed over its response tokens."""
+        """Per replayed trajectory: its age and the mean over its response tokens of
+        log mu - log pi, an estimate of the per-token KL(mu || pi)."""
         new = self.policy.logprobs(tokens, mask)
-        per_row = ((old - new) * mask).sum(-1)
-        kl = torch.zeros(len(b), dtype=torch.float64).index_add_(0, row_trajectory(b.mask.cpu()), per_row.double())
-        self.drift.observe(b.age.cpu(), kl)
+        traj = row_trajectory(b.mask.cpu())
+        total = torch.zeros(len(b), dtype=torch.float64).index_add_(0, traj, ((old - new) * mask).sum(-1).double())
+        count = torch.zeros(len(b), dtype=torch.float64).index_add_(0, traj, mask.sum(-1).double())
+        self.drift.observe(b.age.cpu(), total / count.clamp_min(1.0))
 
     # ---------------------------------------------------------------------------------- run
     def save_checkpoint(self) -> Path:
