@@ -137,17 +137,22 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         m = smooth.mean(0)
         half = (t975(len(items) - 1) * smooth.std(0, ddof=1) / math.sqrt(len(items))) if len(items) > 1 else 0 * m
         ax.plot(grid, m, color=f"C{i}", label=label)
-        ax.fill_between(grid, m - half, m + half, color=f"C{i}", alpha=0.2)
+        # the band is the 95% interval of the mean, drawn within the feasible range [0, 1]
+        ax.fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), color=f"C{i}", alpha=0.2)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("success rate")
+    ax.set_ylabel("success rate (mean, 95% band over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if sweep:
         taus = [items[0][0]["tau"] for items in by_label.values()]
         fins = [summary[label]["final_success"] for label in by_label]
-        axes[1].errorbar(taus, [f[0] for f in fins], yerr=[0 if math.isnan(f[1]) else f[1] for f in fins],
-                         marker="o", capsize=3)
+        means = np.array([f[0] for f in fins])
+        half = np.array([0.0 if math.isnan(f[1]) else f[1] for f in fins])
+        lower, upper = means - np.clip(means - half, 0, 1), np.clip(means + half, 0, 1) - means
+        axes[1].errorbar(taus, means, yerr=[lower, upper], marker="o", capsize=3)
         axes[1].set_xscale("log")
+        axes[1].set_xticks(taus, [f"{t:g}" for t in taus])
+        axes[1].minorticks_off()
         axes[1].set_xlabel("tau (iterations)")
         axes[1].set_ylabel("final success")
         axes[1].grid(alpha=0.3)
