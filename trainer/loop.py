@@ -136,7 +136,6 @@ class Trainer:
         if self.buffer is not None:
             t0 = time.perf_counter()
             with R.range("buffer_add"):
-                E = len(traj)
                 full_logp = torch.zeros(traj.tokens.shape, dtype=torch.float32)
                 full_logp[traj.mask.any(-1)] = old_logp
                 self.buffer.add(self._priority(traj.reward, adv), step=it, tokens=traj.tokens.to(torch.int32),

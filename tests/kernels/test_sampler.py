@@ -5,7 +5,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from freshper import ReplayBuffer
 from freshper.kernels.sampler import sample_reference, sample_triton
 
 from ..device import DEVICE, back, on
