@@ -23,10 +23,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from freshper import checkpoint
+from freshper import checkpoint, sumtree
 from freshper.kernels import sampler as fused
 from freshper.priorities import MODES, log_keys
-from freshper import sumtree
 from freshper.sumtree import SumMinTree
 
 EVICTIONS = ("fifo", "stalest")
@@ -164,7 +163,8 @@ class ReplayBuffer:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"field {name!r} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() == 0 or t.shape[0] != n:
-                raise ValueError(f"field {name!r} must have leading dim {n} (len(priority)), got shape {tuple(t.shape)}")
+                raise ValueError(f"field {name!r} must have leading dim {n} (len(priority)), "
+                                 f"got shape {tuple(t.shape)}")
             if name in known:
                 want = known[name]
                 if tuple(t.shape[1:]) != tuple(want.shape[1:]):
@@ -176,7 +176,8 @@ class ReplayBuffer:
     def _check_indices(self, indices) -> torch.Tensor:
         idx = torch.as_tensor(indices).detach()
         if idx.dim() != 1 or idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
-            raise ValueError(f"indices must be a non-empty 1-D integer tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+            raise ValueError(f"indices must be a non-empty 1-D integer tensor, "
+                             f"got {idx.dtype} of shape {tuple(idx.shape)}")
         idx = idx.to(self.device, torch.int64)
         x, live = (idx.numpy(), self._np_live) if self.device.type == "cpu" else (idx, self._live)
         out = (x < 0) | (x >= self.capacity)
@@ -317,8 +318,9 @@ class ReplayBuffer:
 
         u = torch.rand(batch_size, generator=self._gen, dtype=torch.float64, device=self.device)
         if self.sampler == "tree":
-            idx, probs, weights = (torch.empty(batch_size, dtype=torch.int64),
-                                   torch.empty(batch_size, dtype=torch.float64), torch.empty(batch_size, dtype=torch.float64))
+            idx = torch.empty(batch_size, dtype=torch.int64)
+            probs = torch.empty(batch_size, dtype=torch.float64)
+            weights = torch.empty(batch_size, dtype=torch.float64)
             t = self._tree
             sumtree.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
                                  weights.numpy())

@@ -106,7 +106,8 @@ def _check_state(sd: dict, capacity: int | None = None) -> None:
     if meta.get("format") != FORMAT:
         raise ValueError(f"state format is {meta.get('format')!r}, expected {FORMAT!r}")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"state format_version is {meta.get('format_version')!r}; this FreshPER reads {FORMAT_VERSION}")
+        raise ValueError(f"state format_version is {meta.get('format_version')!r}; "
+                         f"this FreshPER reads {FORMAT_VERSION}")
     cap = meta["config"]["capacity"]
     if capacity is not None and cap != capacity:
         raise ValueError(f"state has capacity {cap}, this buffer has capacity {capacity}")
@@ -141,14 +142,16 @@ def load_buffer_state(buf, sd: dict) -> None:
         raise ValueError(f"state's RNG state has {tensors['rng'].numel()} bytes; a {buf.device.type} generator "
                          f"has {buf._gen.get_state().numel()}: load onto the device type it was saved from")
     d = buf.device
-    buf.mode, buf.alpha, buf.tau, buf.eps, buf.eviction = cfg["mode"], cfg["alpha"], cfg["tau"], cfg["eps"], cfg["eviction"]
+    for key in ("mode", "alpha", "tau", "eps", "eviction"):
+        setattr(buf, key, cfg[key])
     if beta is not None:
         buf.beta = schedule_from_dict(beta) if isinstance(beta, dict) else beta
     buf._log_base = tensors["log_base"].to(d).clone()
     buf._birth = tensors["birth"].to(d).clone()
     buf._live = tensors["live"].to(d).clone()
     buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
-    buf._size, buf._next, buf._added, buf._step = counters["size"], counters["next"], counters["added"], counters["step"]
+    buf._size, buf._next, buf._added = counters["size"], counters["next"], counters["added"]
+    buf._step = counters["step"]
     buf._gen.set_state(tensors["rng"].clone())
     buf._recompute_keys(ref=counters["tree_ref"])
 

@@ -216,8 +216,8 @@ def main(argv) -> int:
         rc = _run_one(j["cmd"], out / f"{j['run'].name}.log")
         if rc == 0:
             (j["run"] / "DONE").write_text(f"{time.time() - t0:.0f} s\n")
-        print(f"  {j['run'].name}: {'done' if rc == 0 else f'failed (exit {rc}), see ' + str(out / (j['run'].name + '.log'))}"
-              f" after {time.time() - t0:.0f} s", flush=True)
+        status = "done" if rc == 0 else f"failed (exit {rc}), see {out / (j['run'].name + '.log')}"
+        print(f"  {j['run'].name}: {status} after {time.time() - t0:.0f} s", flush=True)
         return rc
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:

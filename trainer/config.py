@@ -21,7 +21,7 @@ class ModelConfig:
     tiny_layers: int = 2  # tiny model: transformer layers
     tiny_vocab: int = 384  # tiny model: BPE vocabulary trained offline on the env's text
     dtype: str = "auto"  # auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16
-    attn: str = "auto"  # auto (flash_attention_2 on CUDA if flash-attn imports, else sdpa) | sdpa | eager | flash_attention_2
+    attn: str = "auto"  # auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
 
 

@@ -53,7 +53,8 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         longest = max(len(p) for p in prompts)
         if longest + max_new_tokens > max_len:
             raise ValueError(f"rollout.max_len={max_len} is too small: a prompt has {longest} tokens and "
-                             f"responses up to {max_new_tokens}; raise rollout.max_len to >= {longest + max_new_tokens}")
+                             f"responses up to {max_new_tokens}; "
+                             f"raise rollout.max_len to >= {longest + max_new_tokens}")
         with nvtx.range("generate") if nvtx else _null():
             gen = engine.generate(prompts, max_new_tokens, temperature)
         with nvtx.range("env_step") if nvtx else _null():
