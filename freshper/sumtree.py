@@ -169,9 +169,6 @@ class SumMinTree:
     def min(self) -> float:
         return float(self.mins[1])
 
-    def leaves(self, idx: np.ndarray) -> np.ndarray:
-        return self.sums[self.size + idx]
-
     def find(self, targets: np.ndarray) -> np.ndarray:
         """Leaf index i with prefix(i) <= target < prefix(i+1), for each target in [0, total)."""
         out = np.empty(targets.shape[0], dtype=np.int64)
