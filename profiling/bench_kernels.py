@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import torch
 
 from freshper.kernels import fused_linear_policy_loss, policy_loss, policy_loss_reference
 from freshper.kernels.sampler import sample, sample_reference
+from freshper.profiling.timing import median_seconds
 
 VOCAB = 151_936  # Qwen2.5
 
@@ -79,13 +78,7 @@ def _peak_extra_cpu_mb(run) -> float:
 
 
 def _median_ms(run, reps=5) -> float:
-    run()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_seconds(run, reps) * 1e3
 
 
 def bench_cpu(quick: bool):

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from freshper import ReplayBuffer
+from freshper.profiling.timing import median_seconds
 
 
-def _median_us(fn, steps: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+def _median_us(fn, steps: int) -> float:
+    return median_seconds(fn, steps, warmup=20) * 1e6
 
 
 def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: str = "cpu") -> float:

@@ -42,9 +42,12 @@ class HFEngine(Engine):
                                    pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
         self.model.train(was_training)
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, 1).float().cpu() / temperature  # (B, steps, V)
-        logp = torch.log_softmax(logits, -1).gather(-1, new[..., None])[..., 0]
+        new_dev = out.sequences[:, width:]
+        # One step at a time on the device, keeping only the sampled token's log-prob: never a
+        # (B, steps, V) float copy, which at V = 152k is gigabytes.
+        logp = torch.stack([torch.log_softmax(step.float() / temperature, -1).gather(-1, new_dev[:, j, None])[:, 0]
+                            for j, step in enumerate(out.logits)], 1).cpu()
+        new = new_dev.cpu()
         token_ids, logprobs = [], []
         for i in range(len(prompts)):
             row = new[i].tolist()
