@@ -1,17 +1,26 @@
 """The policy loss fused with the LM head: log-probs of the taken tokens without the logits.
 
 At V = 151,936 and 16k tokens the (tokens, V) logits are 10 GB in float32, several times over
-once log_softmax and its gradient exist. Here the head is applied to chunks of `chunk_size`
-tokens and `vocab_chunk` vocabulary rows; an online logsumexp over the vocabulary chunks gives
-log pi(y_t) = h_t . W_y - logsumexp_v(h_t . W_v) for each token. Only unmasked tokens are
-computed at all. Backward recomputes each chunk's logits from the saved logsumexp:
+once log_softmax and its gradient exist. Here the head is applied to tiles of `chunk_size`
+tokens by `vocab_chunk` vocabulary rows; an online logsumexp over the vocabulary chunks gives
+log pi(y_t) = z_ty - logsumexp_v(z_tv), z = h W^T, for each unmasked token (masked ones are not
+computed at all). Backward recomputes each tile from the saved logsumexp:
 
-    d logp_t / d h_t = W_y - sum_v p_tv W_v        d logp_t / d W_v = (1[v = y_t] - p_tv) h_t
+    d loss / d z_tv = g_t (1[v = y_t] - p_tv)       g_t = d loss / d logp_t
+    d loss / d h = (d loss / d z) W                  d loss / d W = (d loss / d z)^T h
 
-so peak extra memory is one (chunk_size, vocab_chunk) tile plus per-token vectors, whatever V and
-the token count. The policy-loss part is freshper.kernels.policy_loss (its Triton kernel on CUDA).
-Matmuls run in the inputs' dtype (bf16 on a GPU, tensor cores); softmax math and the weight
-gradient accumulate in float32.
+Numerics follow eager bf16 autograd (bf16 logits -> float32 log_softmax): each tile's product
+runs in the inputs' dtype (tensor cores), is upcast once, and both the target logit and the
+logsumexp come from that same upcast tile, so log pi <= 0 always. The factor (1[v = y] - p) is
+formed in float32 inside the tile before the cast for the two backward matmuls: for a confident
+token (p ~ 1) a separate one-hot term would cancel against a bf16-rounded p and leave noise.
+
+Memory: the vocabulary loop is outside the token loop in backward, so each vocabulary chunk's
+weight gradient is finished in a (vocab_chunk, H) float32 accumulator and written once in the
+weight's dtype; no full-size float32 copy of the weight gradient exists, and no index_add_ (whose
+CUDA atomics are nondeterministic) is needed. Peak extra memory is the gradients themselves plus
+one float32 tile. A frozen head (or hidden states) skips its gradient entirely.
+The policy-loss part is freshper.kernels.policy_loss (its Triton kernel on CUDA).
 """
 from __future__ import annotations
 
@@ -19,34 +28,83 @@ import torch
 
 from .policy_loss import _STATS, loss_and_grad
 
+_MM_OUT_DTYPE: bool | None = None  # whether torch.mm(..., out_dtype=float32) runs on this CUDA build
+
 
 def _vocab_chunks(v: int, vocab_chunk: int):
     return [(s, min(s + vocab_chunk, v)) for s in range(0, v, vocab_chunk)]
 
 
+def default_chunks(n_tokens: int, vocab: int, hidden: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(chunk_size, vocab_chunk): 1,024 tokens, and the largest power-of-two vocabulary chunk
+    whose float32 tile stays within 1/8 of the weight gradient (at least 1,024 rows), so the
+    tile never dominates peak memory and the GPU still gets large matmuls (few launches)."""
+    chunk = max(1, min(1024, n_tokens))
+    budget = vocab * hidden * torch.finfo(dtype).bits // 8 // 8  # bytes: 1/8 of the weight gradient
+    rows = max(1024, budget // (4 * chunk))
+    vc = 1 << (rows.bit_length() - 1)
+    return chunk, min(vc, vocab)
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as float32 from operands in the weight's dtype. On CUDA a bf16/fp16 product
+    accumulates straight into float32 output (no rounding of each partial to bf16); elsewhere
+    the same arithmetic is emulated by upcasting the operands, which are exact in float32."""
+    global _MM_OUT_DTYPE
+    if a.dtype in (torch.float32, torch.float64):
+        return a @ b
+    if a.is_cuda and _MM_OUT_DTYPE is not False:
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _MM_OUT_DTYPE = True
+            return out
+        except (RuntimeError, TypeError):
+            _MM_OUT_DTYPE = False  # a torch without mm(out_dtype=): upcast instead
+    return a.float() @ b.float()
+
+
+def _tile_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(n, vc) float32 logits of one tile, computed in the inputs' dtype as eager does."""
+    return (h @ w.T).float()
+
+
 @torch.no_grad()
-def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_size: int = 1024,
-                   vocab_chunk: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                   chunk_size: int | None = None, vocab_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target) and logsumexp of the logits, both (N,) float32, for hidden (N, H),
-    weight (V, H), targets (N,), never holding more than (chunk_size, vocab_chunk) logits."""
+    weight (V, H), targets (N,) int64, never holding more than one (chunk_size, vocab_chunk) tile
+    of logits. log pi is <= 0 exactly: the target logit is read from the same tile as the lse."""
     n = hidden.shape[0]
+    dc, dv = default_chunks(n, weight.shape[0], weight.shape[1], weight.dtype)
+    chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
     chunks = _vocab_chunks(weight.shape[0], vocab_chunk)
     for s in range(0, n, chunk_size):
-        h = hidden[s:s + chunk_size]
-        y = targets[s:s + chunk_size]
+        h, y = hidden[s:s + chunk_size], targets[s:s + chunk_size]
         run_max = torch.full((h.shape[0],), -float("inf"), dtype=torch.float32, device=h.device)
         run_sum = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+        target_logit = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
         for v0, v1 in chunks:
-            logits = (h @ weight[v0:v1].T).float()
-            new_max = torch.maximum(run_max, logits.max(dim=1).values)
-            run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(dim=1)
+            z = _tile_logits(h, weight[v0:v1])
+            inside = (y >= v0) & (y < v1)
+            picked = z.gather(1, (y - v0).clamp(0, v1 - v0 - 1)[:, None])[:, 0]
+            target_logit = torch.where(inside, picked, target_logit)
+            new_max = torch.maximum(run_max, z.max(dim=1).values)
+            run_sum = run_sum * torch.exp(run_max - new_max) + z.sub_(new_max[:, None]).exp_().sum(dim=1)
             run_max = new_max
+        # run_sum >= 1 (the maximum's own term), so lse >= run_max >= target_logit.
         lse[s:s + chunk_size] = run_max + torch.log(run_sum)
-        target_logit = (h.float() * weight[y].float()).sum(dim=1)
         logp[s:s + chunk_size] = target_logit - lse[s:s + chunk_size]
     return logp, lse
+
+
+def _dlogits(h, w, y, lse, g, v0) -> torch.Tensor:
+    """d loss / d z for one tile, (n, vc) float32: g (1[v = y] - p), formed in float32."""
+    d = _tile_logits(h, w).sub_(lse[:, None]).exp_().mul_(-g[:, None])  # -g p
+    rows = ((y >= v0) & (y < v0 + w.shape[0])).nonzero().squeeze(1)
+    d[rows, y[rows] - v0] += g[rows]  # at most one target per row: no duplicate writes
+    return d
 
 
 class _FusedLinearPolicyLoss(torch.autograd.Function):
@@ -56,7 +114,10 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         active = mask.reshape(-1).nonzero().squeeze(1)
         h = hidden.reshape(-1, H).index_select(0, active)
         y = targets.reshape(-1).index_select(0, active)
+        dc, dv = default_chunks(active.numel(), weight.shape[0], H, weight.dtype)
+        chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
         logp_a, lse = token_logprobs(h, weight, y, chunk_size=chunk_size, vocab_chunk=vocab_chunk)
+        del h
         logp = torch.zeros(B * T, dtype=torch.float32, device=hidden.device)
         logp[active] = logp_a
         loss, dlogp, stats = loss_and_grad(logp.view(B, T), old_logp, advantages, mask, weights, **kw)
@@ -69,47 +130,62 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, *unused):
         hidden, weight, targets, active, lse, dlogp = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         chunk_size, vocab_chunk = ctx.chunks
         B, T, H = hidden.shape
+        dt = weight.dtype
         g = dlogp.reshape(-1).index_select(0, active).float() * grad_out.float()
         h_all = hidden.reshape(-1, H).index_select(0, active)
         y_all = targets.reshape(-1).index_select(0, active)
-        grad_h = torch.zeros(active.numel(), H, dtype=torch.float32, device=hidden.device)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        chunks = _vocab_chunks(weight.shape[0], vocab_chunk)
-        for s in range(0, active.numel(), chunk_size):
-            h, y, gc, lc = (h_all[s:s + chunk_size], y_all[s:s + chunk_size], g[s:s + chunk_size],
-                            lse[s:s + chunk_size])
-            gh = gc[:, None] * weight[y].float()
-            for v0, v1 in chunks:
-                w = weight[v0:v1]
-                gp = gc[:, None] * torch.exp((h @ w.T).float() - lc[:, None])  # g_t p_tv, (chunk, vocab chunk)
-                gh -= (gp.to(w.dtype) @ w).float()
-                grad_w[v0:v1] -= (gp.T.to(h.dtype) @ h).float()
-            grad_w.index_add_(0, y, gc[:, None] * h.float())
-            grad_h[s:s + chunk_size] = gh
-        grad_hidden = torch.zeros(B * T, H, dtype=hidden.dtype, device=hidden.device)
-        grad_hidden[active] = grad_h.to(hidden.dtype)
-        return (grad_hidden.view(B, T, H), grad_w.to(weight.dtype), None, None, None, None, None, None, None, None)
+        n = active.numel()
+        grad_h = torch.zeros(n, H, dtype=torch.float32, device=hidden.device) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        for v0, v1 in _vocab_chunks(weight.shape[0], vocab_chunk):
+            w = weight[v0:v1]
+            # float32 accumulator for this chunk only; float32 weights accumulate in place.
+            gw = (grad_w[v0:v1] if dt == torch.float32 else torch.zeros(v1 - v0, H, dtype=torch.float32,
+                                                                          device=weight.device)) if need_w else None
+            for s in range(0, n, chunk_size):
+                e = min(s + chunk_size, n)
+                h = h_all[s:e]
+                d = _dlogits(h, w, y_all[s:e], lse[s:e], g[s:e], v0)
+                dc = d if dt == torch.float32 else d.to(dt)
+                del d
+                if need_h:
+                    grad_h[s:e] += _mm_f32(dc, w)
+                if need_w:
+                    gw += _mm_f32(dc.T, h)
+            if need_w and dt != torch.float32:
+                grad_w[v0:v1] = gw
+        grad_hidden = None
+        if need_h:
+            grad_hidden = torch.zeros(B * T, H, dtype=hidden.dtype, device=hidden.device)
+            grad_hidden[active] = grad_h.to(hidden.dtype)
+            grad_hidden = grad_hidden.view(B, T, H)
+        return (grad_hidden, grad_w, None, None, None, None, None, None, None, None)
 
 
 def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, mask, weights=None, *,
                              clip_low=0.2, clip_high=0.2, agg="token-mean", ref_logp=None, kl_coef=0.0,
-                             tis_logp=None, tis_cap=None, chunk_size=1024, vocab_chunk=16384, return_stats=False):
+                             tis_logp=None, tis_cap=None, chunk_size=None, vocab_chunk=None, return_stats=False):
     """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed in
-    chunks: hidden (B, T, H), lm_weight (V, H), targets (B, T) int64; the rest as in
-    `policy_loss`. Differentiable w.r.t. hidden and lm_weight."""
+    tiles: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64; the rest as
+    in `policy_loss`. Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
+    chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
         raise ValueError(f"lm_weight must be (V, H) with H = {hidden.shape[2]}, got {tuple(lm_weight.shape)}")
+    if lm_weight.dtype != hidden.dtype:
+        raise ValueError(f"lm_weight and hidden must share a dtype, got {lm_weight.dtype} and {hidden.dtype}")
     if tuple(targets.shape) != tuple(hidden.shape[:2]) or targets.dtype != torch.int64:
         raise ValueError(f"targets must be int64 of shape {tuple(hidden.shape[:2])}, got {targets.dtype} "
                          f"{tuple(targets.shape)}")
     if tuple(mask.shape) != tuple(hidden.shape[:2]):
         raise ValueError(f"mask must have shape {tuple(hidden.shape[:2])}, got {tuple(mask.shape)}")
-    if chunk_size <= 0 or vocab_chunk <= 0:
-        raise ValueError(f"chunk_size and vocab_chunk must be > 0, got {chunk_size}, {vocab_chunk}")
+    for name, c in (("chunk_size", chunk_size), ("vocab_chunk", vocab_chunk)):
+        if c is not None and not (isinstance(c, int) and c > 0):
+            raise ValueError(f"{name} must be a positive int or None, got {c!r}")
     sel = mask.reshape(-1) != 0
     if sel.any():
         y = targets.reshape(-1)[sel]

@@ -120,7 +120,7 @@ class Policy:
                 clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, ref_logp=opt(ref_logp),
                 kl_coef=a.kl_coef if ref_logp is not None else 0.0,
                 tis_logp=opt(tis_logp) if a.tis_cap > 0 else None, tis_cap=a.tis_cap if a.tis_cap > 0 else None,
-                chunk_size=2048, vocab_chunk=16384, return_stats=True)
+                return_stats=True)
             (loss * share).backward()
             sums["loss"] += float(loss.detach()) * share
             for k in ("clip_frac", "ratio_mean", "kl_mean"):
