@@ -325,9 +325,9 @@ class ReplayBuffer:
             sumtree.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
                                  weights.numpy())
         elif self.sampler == "triton":
-            idx, probs, weights = fused.sample_triton(self._keys, u, beta)
+            idx, probs, weights = fused.sample_triton(self._keys, u, beta, check_live=False)  # size > 0 above
         else:
-            idx, probs, weights = fused.sample_reference(self._keys, u, beta)
+            idx, probs, weights = fused.sample_reference(self._keys, u, beta, check_live=False)
         birth = self._birth[idx]
         fields = {name: t[idx] for name, t in self._fields.items()}
         return SampleBatch(idx, weights, probs, birth, step - birth, beta, fields)

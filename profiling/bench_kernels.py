@@ -19,7 +19,7 @@ import torch
 
 from freshper.kernels import fused_linear_policy_loss, policy_loss, policy_loss_reference
 from freshper.kernels.fused_linear_policy_loss import default_chunks
-from freshper.kernels.sampler import sample, sample_reference
+from freshper.kernels.sampler import sample_reference, sample_triton
 from freshper.profiling.timing import median_seconds
 
 VOCAB = 151_936  # Qwen2.5
@@ -135,15 +135,20 @@ def bench_cuda(quick: bool):
     print(f"device-to-device copy: {copy_bw:.0f} GB/s")
     results = {"copy_gbs": copy_bw}
 
-    print("\n| sampler N | B | fused Triton (us) | torch composite (us) | speedup | Triton GB/s (keys read) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| sampler N | B | fused Triton (us) | graph-captured (us) | torch composite (us) | speedup | "
+          "buffer.sample (us) | GB/s (bytes moved) |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in ([10**4, 10**6] if quick else [10**4, 10**5, 10**6, 10**7]):
         keys = _keys(n, dev)
         u = torch.rand(256, dtype=torch.float64, device=dev)
-        t_fused = triton.testing.do_bench(lambda: sample(keys, u, 0.4)) * 1e3
-        t_ref = triton.testing.do_bench(lambda: sample_reference(keys, u, 0.4)) * 1e3
-        gbs = keys.numel() * keys.element_size() / (t_fused * 1e-6) / 1e9
-        print(f"| {n:.0e} | 256 | {t_fused:.1f} | {t_ref:.1f} | {t_ref / t_fused:.1f}x | {gbs:.0f} |")
+        # No host syncs on either side: the live-slot check is the caller's (the buffer knows).
+        t_fused = triton.testing.do_bench(lambda: sample_triton(keys, u, 0.4, check_live=False)) * 1e3
+        t_graph = _graph_us(lambda: sample_triton(keys, u, 0.4, check_live=False))
+        t_ref = triton.testing.do_bench(lambda: sample_reference(keys, u, 0.4, check_live=False)) * 1e3
+        t_buf = _buffer_sample_us(n, dev)
+        moved = sampler_bytes(n, 256)
+        print(f"| {n:.0e} | 256 | {t_fused:.1f} | {t_graph} | {t_ref:.1f} | {t_ref / t_fused:.1f}x | {t_buf:.1f} | "
+              f"{moved / (t_fused * 1e-6) / 1e9:.0f} |")
         results[f"sampler_us_{n:.0e}"] = t_fused
         results[f"sampler_speedup_{n:.0e}"] = t_ref / t_fused
 
@@ -194,6 +199,48 @@ def bench_cuda(quick: bool):
               f"{peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
         results[f"fused_memory_ratio_{B}x{T}x{H}"] = peaks["fused"] / peaks["eager"]
     return results
+
+
+def sampler_bytes(n: int, draws: int, block: int = 4096, sub: int = 64) -> int:
+    """Bytes one fused sample call moves: every float64 key read once; per block, 3 stats and
+    block/sub sub-block masses written; per program the block stats re-read; per draw one
+    sub-block row of masses and one sub-block of keys read, 3 outputs written."""
+    nb = -(-n // block)
+    return 8 * n + 8 * nb * (3 + block // sub) + 8 * 3 * nb + draws * 8 * (block // sub + sub + 3)
+
+
+def _graph_us(fn) -> str:
+    """Median of fn replayed from a CUDA graph (launch overhead removed), or why it failed."""
+    import triton.testing
+
+    try:
+        fn()  # compile outside the capture
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return f"{triton.testing.do_bench(graph.replay) * 1e3:.1f}"
+    except Exception as e:  # report, do not hide
+        return f"failed: {type(e).__name__}"
+
+
+def _buffer_sample_us(n: int, dev) -> float:
+    """ReplayBuffer.sample(256) on a full CUDA buffer of n slots: Python, RNG, NVTX and gathers
+    included; the cost a trainer pays per replay batch."""
+    import triton.testing
+
+    from freshper import ReplayBuffer
+
+    buf = ReplayBuffer(n, mode="freshper", tau=500.0, device=dev)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for s in range(0, n, 2**20):
+        m = min(2**20, n - s)
+        buf.add(torch.rand(m, generator=g, dtype=torch.float64) + 0.01, step=s // 2**20)
+    return triton.testing.do_bench(lambda: buf.sample(256)) * 1e3
 
 
 def _liger_time(hidden, weight, targets, old, adv, mask) -> str:

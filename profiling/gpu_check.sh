@@ -1,39 +1,73 @@
 #!/usr/bin/env bash
-# One prepared GPU check (about 8 minutes on an H200): the kernel tests compiled, not
-# interpreted; the kernel and replay benchmarks; then a short table. Logs go to $OUT (or ./gpu_check).
-#   bash profiling/gpu_check.sh
+# One prepared GPU check that fits one device call (10 min per command, 15 min per session):
+# every step has its own timeout and the budgets add up to 520 s; the summary table is printed
+# whatever fails or times out. Logs go to $OUT (or ./gpu_check).
+#   bash profiling/gpu_check.sh            # on an H200 with torch + triton (3.6 or newer)
+# Steps and budgets (s): install 60, kernel tests compiled 170, bench_kernels 150,
+# bench_replay 60, trainer smoke 80.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+summary="$out/summary.txt"
+: > "$summary"
+t_start=$(date +%s)
+
+# step NAME BUDGET_S LOGFILE CMD...: run CMD under `timeout`, tee its output, record the outcome.
+step() {
+  local name=$1 budget=$2 log=$3
+  shift 3
+  echo "== $name (budget ${budget}s) =="
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 5 "$budget" "$@" > "$out/$log" 2>&1
+  rc=$?
+  tail -n 25 "$out/$log"
+  local status=ok
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status="TIMEOUT"; elif [ $rc -ne 0 ]; then status="FAILED rc=$rc"; fi
+  printf '| %-16s | %-12s | %4ss |\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$summary"
+  return $rc
+}
+
+print_summary() {
+  echo
+  echo "== summary ($(( $(date +%s) - t_start ))s total) =="
+  cat "$out/env.txt" 2>/dev/null
+  echo "| step             | status       | time  |"
+  cat "$summary"
+  echo
+  grep -h -E "[0-9]+ (passed|failed)" "$out/tests.txt" 2>/dev/null | tail -1
+  grep -h -E "^FAILED|^ERROR" "$out/tests.txt" 2>/dev/null | head -20
+  grep -h -E "^\| 1e\+0[4-7]|copy:" "$out/bench_kernels.txt" 2>/dev/null
+  grep -h -E "^\| [0-9]+x[0-9]+" "$out/bench_kernels.txt" 2>/dev/null
+  grep -h -E "^\| 1e\+0[4-6]" "$out/bench_replay.txt" 2>/dev/null
+  tail -n 3 "$out/train.txt" 2>/dev/null
+}
+trap print_summary EXIT
+
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} 2>&1 | tee "$out/env.txt"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
 
-# The GPU image has torch, triton and transformers but nothing can be fetched there: install the
-# package itself only (no dependency resolution, no isolated build environment).
-python -c "import freshper.kernels" 2>/dev/null || python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+# The GPU image has torch, triton and transformers but nothing can be fetched there: install
+# the package itself only (no dependency resolution, no isolated build environment).
+if ! python3 -c "import freshper.kernels" 2>/dev/null; then
+  step install 60 install.txt python3 -m pip install --no-deps --no-build-isolation -e . || cat "$out/install.txt"
+fi
 
-echo "== kernel tests, compiled =="
-timeout 240 python -m pytest -q -x tests/kernels tests/freshper/test_buffer.py tests/freshper/test_checkpoint.py tests/trainer/test_packing.py 2>&1 | tee "$out/tests.txt" | tail -5
+step kernel-tests 170 tests.txt python3 -m pytest -q -p no:cacheprovider tests/kernels \
+  tests/freshper/test_buffer.py tests/freshper/test_checkpoint.py tests/trainer/test_packing.py
 
-echo "== bench_kernels =="
-timeout 240 python -m freshper.profiling.bench_kernels 2>&1 | tee "$out/bench_kernels.txt"
+step bench_kernels 150 bench_kernels.txt python3 -m freshper.profiling.bench_kernels
 
-echo "== bench_replay =="
-timeout 120 python -m freshper.profiling.bench_replay --steps 100 2>&1 | tee "$out/bench_replay.txt"
+step bench_replay 60 bench_replay.txt python3 -m freshper.profiling.bench_replay --steps 100
 
-echo "== trainer smoke, GPU preset in short form (tiny model, bf16, 3 iterations) =="
 engine=vllm
-python -c "import vllm" 2>/dev/null || { engine=hf; echo "vllm is not installed here: smoke run with the hf engine"; }
-timeout 180 python -m freshper.trainer.cli train --preset gpu-smoke --rollout.engine $engine \
-  --train.run_dir "$out/runs" 2>&1 | grep -v "it/s" | tail -12 | tee "$out/train.txt"
-
-echo
-echo "== summary =="
-grep -h "passed\|failed" "$out/tests.txt" | tail -1
-grep -h "^| 1e+06\|^| 1e+07\|copy:" "$out/bench_kernels.txt"
-grep -h "fused/eager\|H=" "$out/bench_kernels.txt" | head -5
+python3 -c "import vllm" 2>/dev/null || { engine=hf; echo "vllm is not installed here: smoke run with the hf engine"; }
+step train-smoke 80 train.txt python3 -m freshper.trainer.cli train --preset gpu-smoke --rollout.engine $engine \
+  --train.run_dir "$out/runs"
+exit 0
