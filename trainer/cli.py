@@ -80,8 +80,14 @@ def run_dir_for(cfg: C.Config) -> Path:
     return Path(cfg.train.run_dir) / name
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` already holds (part of) a training run."""
+    return any((run_dir / n).exists() for n in ("metrics.jsonl", "checkpoints", "config.yaml"))
+
+
 def build_config(args, rest) -> tuple[C.Config, Path, bool]:
-    """(config, run dir, resume?) from the parsed train/profile arguments."""
+    """(config, run dir, resume?) from the parsed train/profile arguments; every check that can
+    fail is made here, before anything is built or written."""
     overrides = _overrides(rest)
     if args.resume:
         run_dir = Path(args.resume)
@@ -90,7 +96,27 @@ def build_config(args, rest) -> tuple[C.Config, Path, bool]:
         cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides)
         return cfg, run_dir, True
     cfg = C.load(args.preset, args.config, overrides)
-    return cfg, run_dir_for(cfg), False
+    run_dir = run_dir_for(cfg)
+    if holds_run(run_dir):
+        raise ValueError(f"run folder {run_dir} already holds a run: continue it with --resume {run_dir}, "
+                         f"name a new one with --train.name, or remove the folder")
+    return cfg, run_dir, False
+
+
+def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool):
+    """A Trainer. If building it fails and `new_dir` (this command made the run folder), the
+    half-made folder is removed and the log says so; an existing or resumed folder is kept."""
+    import shutil
+
+    from .loop import Trainer
+
+    try:
+        return Trainer(cfg, run_dir, resume=resume)
+    except BaseException:
+        if new_dir and not resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            logging.getLogger("freshper").error("start failed; removed the half-made run folder %s", run_dir)
+        raise
 
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
@@ -109,10 +135,9 @@ def cmd_train(argv) -> int:
         cfg, run_dir, resume = build_config(args, rest)
     except ValueError as e:
         p.error(str(e))
-    from .loop import Trainer
-
+    new_dir = not run_dir.exists()  # decided before logging creates the folder
     with logging_to(run_dir):
-        trainer = Trainer(cfg, run_dir, resume=resume)
+        trainer = start(cfg, run_dir, resume, new_dir)
         trainer.run()
         logging.getLogger("freshper").info("run folder: %s", run_dir)
     return 0
@@ -131,28 +156,27 @@ def cmd_profile(argv) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
     args, rest = p.parse_known_args(argv)
     try:
-        start, end = nsight.parse_window(args.iterations)
+        first, last = nsight.parse_window(args.iterations)
         cfg, run_dir, resume = build_config(args, rest)
     except ValueError as e:
         p.error(str(e))
-    if end >= cfg.train.iterations:
+    if last >= cfg.train.iterations:
         p.error(f"--iterations {args.iterations} ends after train.iterations={cfg.train.iterations}")
     cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
     if cuda and not args.child:
-        out = run_dir / "profile" / f"iters_{start}_{end}"
+        out = run_dir / "profile" / f"iters_{first}_{last}"
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = nsight.nsys_command(out, [sys.executable, "-m", "freshper.trainer.cli", "profile", "--child", *argv])
         print("running:", " ".join(cmd), flush=True)
         rc = subprocess.call(cmd)
         print(f"Nsight Systems report: {out}.nsys-rep (open with nsys-ui, or `nsys stats {out}.nsys-rep`)")
         return rc
-    from .loop import Trainer
-
-    trace = run_dir / "profile" / f"trace_iters_{start}_{end}.json"
-    hook = nsight.CudaWindow(start, end) if cuda else nsight.CpuWindow(start, end, trace)
+    trace = run_dir / "profile" / f"trace_iters_{first}_{last}.json"
+    hook = nsight.CudaWindow(first, last) if cuda else nsight.CpuWindow(first, last, trace)
+    new_dir = not run_dir.exists()
     with logging_to(run_dir):
-        trainer = Trainer(cfg, run_dir, resume=resume)
-        trainer.run(iterations=end + 1 - trainer.iteration, on_iteration=hook)
+        trainer = start(cfg, run_dir, resume, new_dir)
+        trainer.run(iterations=last + 1 - trainer.iteration, on_iteration=hook)
     if not cuda:
         print(f"torch.profiler Chrome trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")
     return 0

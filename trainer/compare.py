@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -213,6 +214,8 @@ def main(argv) -> int:
     t0 = time.time()
 
     def work(j):
+        if "--resume" not in j["cmd"] and j["run"].exists():
+            shutil.rmtree(j["run"])  # died before its first checkpoint: start it again from scratch
         rc = _run_one(j["cmd"], out / f"{j['run'].name}.log")
         if rc == 0:
             (j["run"] / "DONE").write_text(f"{time.time() - t0:.0f} s\n")

@@ -7,6 +7,8 @@ Precedence: defaults < preset < --config file.yaml < command-line overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -91,6 +93,7 @@ class TrainConfig:
     sft_lr: float = 1e-3  # warm-start learning rate
     env_step_budget: int = 0  # stop once this many env steps are spent (0: no budget)
     threads: int = 0  # torch CPU threads (0: torch's default)
+    deterministic: bool = False  # GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)
     progress: bool = True  # tqdm progress bar
 
 
@@ -202,8 +205,7 @@ def apply(cfg: Config, overrides: dict) -> Config:
     for key, value in resolved.items():
         typ = table[key][0]
         value = _convert(key, typ, value)
-        if key in CHOICES and value not in CHOICES[key]:
-            raise ValueError(f"{key} must be one of {CHOICES[key]}, got {value!r}")
+        check_field(key, value)
         sec, name = key.split(".", 1)
         setattr(getattr(cfg, sec), name, value)
     return cfg
@@ -234,28 +236,104 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
     return cfg
 
 
+def _finite(v) -> bool:
+    return math.isfinite(v)
+
+
+def _model_path(v: str) -> bool:
+    """Empty (the tiny model), a local folder holding config.json, or a hub id "org/name"."""
+    if not v:
+        return True
+    p = Path(v).expanduser()
+    if p.is_dir():
+        return (p / "config.json").exists()
+    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", v) is not None and not v.startswith((".", "-"))
+
+
+# One rule per numeric or free-form field: (predicate, what the allowed values are). Choice
+# fields are checked against CHOICES and booleans by their parser; cross-field rules follow.
+RULES: dict[str, tuple[typing.Callable, str]] = {
+    "model.path": (_model_path, "empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct"),
+    "model.tiny_hidden": (lambda v: v > 0 and v % 64 == 0, "a positive multiple of 64 (head_dim is 64)"),
+    "model.tiny_layers": (lambda v: 1 <= v <= 64, "in [1, 64]"),
+    "model.tiny_vocab": (lambda v: 264 <= v <= 65536, "in [264, 65536] (256 bytes + specials + merges)"),
+    "env.max_turns": (lambda v: 1 <= v <= 1000, "in [1, 1000]"),
+    "env.format_penalty": (lambda v: _finite(v) and v <= 0, "a finite number <= 0"),
+    "env.size": (lambda v: 3 <= v <= 64, "in [3, 64]"),
+    "env.boxes": (lambda v: 1 <= v <= 8, "in [1, 8]"),
+    "env.p_frozen": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.episodes": (lambda v: v > 0, "> 0"),
+    "rollout.group_size": (lambda v: v > 0, "> 0"),
+    "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),
+    "rollout.max_len": (lambda v: v > 1, "> 1"),
+    "rollout.temperature": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "algo.replay_updates": (lambda v: v >= 0, ">= 0"),
+    "algo.replay_batch": (lambda v: v > 0, "> 0"),
+    "algo.capacity": (lambda v: v > 0, "> 0"),
+    "algo.alpha": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "algo.beta": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algo.beta_end": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algo.beta_steps": (lambda v: v > 0, "> 0"),
+    "algo.tau": (lambda v: v > 0 and not math.isnan(v), "> 0 (inf turns the decay off)"),
+    "algo.tau_min": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "algo.tau_max": (lambda v: v > 0 and not math.isnan(v), "> 0"),
+    "algo.drift_ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algo.eps": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "algo.clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algo.clip_high": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "algo.kl_coef": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "algo.tis_cap": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
+    "algo.lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
+    "algo.weight_decay": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "algo.warmup": (lambda v: v >= 0, ">= 0"),
+    "algo.grad_clip": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "algo.micro_batch": (lambda v: v > 0, "> 0"),
+    "train.iterations": (lambda v: v > 0, "> 0"),
+    "train.seed": (lambda v: 0 <= v < 2**31, "in [0, 2^31)"),
+    "train.run_dir": (lambda v: v.strip() != "", "a non-empty folder path"),
+    "train.name": (lambda v: v == "" or re.fullmatch(r"[\w.+=-]+", v) is not None and v not in (".", ".."),
+                   "empty or a folder name of letters, digits and ._+=- (no path separators)"),
+    "train.checkpoint_every": (lambda v: v > 0, "> 0"),
+    "train.keep_checkpoints": (lambda v: v > 0, "> 0"),
+    "train.sft_steps": (lambda v: v >= 0, ">= 0"),
+    "train.sft_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
+    "train.env_step_budget": (lambda v: v >= 0, ">= 0 (0: no budget)"),
+    "train.threads": (lambda v: 0 <= v <= 1024, "in [0, 1024] (0: torch's default)"),
+}
+
+
+def check_field(key: str, value) -> None:
+    """Raise ValueError naming `key` and its allowed values if `value` breaks its rule."""
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{key} must be one of {CHOICES[key]}, got {value!r}")
+    if key in RULES:
+        ok, allowed = RULES[key]
+        if not ok(value):
+            raise ValueError(f"{key} must be {allowed}, got {value!r}")
+
+
 def validate(cfg: Config) -> None:
-    """Cross-field checks, raised before any work starts."""
-    positive = ["env.max_turns", "rollout.episodes", "rollout.group_size", "rollout.max_new_tokens", "rollout.max_len",
-                "algo.replay_batch", "algo.capacity", "algo.micro_batch", "train.checkpoint_every",
-                "train.keep_checkpoints", "model.tiny_hidden", "model.tiny_layers"]
-    for key in positive:
-        sec, name = key.split(".")
-        if getattr(getattr(cfg, sec), name) <= 0:
-            raise ValueError(f"{key} must be > 0, got {getattr(getattr(cfg, sec), name)}")
-    if cfg.rollout.episodes % cfg.rollout.group_size:
-        raise ValueError(f"rollout.episodes ({cfg.rollout.episodes}) must be a multiple of rollout.group_size "
-                         f"({cfg.rollout.group_size})")
-    if cfg.model.tiny_hidden % 64:
-        raise ValueError(f"model.tiny_hidden must be a multiple of 64 (head_dim 64), got {cfg.model.tiny_hidden}")
-    if cfg.algo.tau <= 0:
-        raise ValueError(f"algo.tau must be > 0, got {cfg.algo.tau}")
-    for key in ("algo.beta", "algo.beta_end"):
-        v = getattr(cfg.algo, key.split(".")[1])
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{key} must lie in [0, 1], got {v}")
-    if cfg.algo.replay_updates < 0 or cfg.train.iterations < 0 or cfg.train.sft_steps < 0:
-        raise ValueError("algo.replay_updates, train.iterations and train.sft_steps must be >= 0")
+    """Every field's rule, then cross-field checks; raised before any work starts."""
+    for key, value in flatten(cfg.to_dict()).items():
+        check_field(key, value)
+    r, a = cfg.rollout, cfg.algo
+    if r.episodes % r.group_size:
+        raise ValueError(f"rollout.episodes ({r.episodes}) must be a multiple of rollout.group_size ({r.group_size})")
+    if r.max_new_tokens >= r.max_len:
+        raise ValueError(f"rollout.max_new_tokens ({r.max_new_tokens}) must be < rollout.max_len ({r.max_len})")
+    if a.tau_max < a.tau_min:
+        raise ValueError(f"algo.tau_max ({a.tau_max}) must be >= algo.tau_min ({a.tau_min})")
+    if a.mode != "on-policy" and a.replay_batch > a.capacity:
+        raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
+    if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
+        raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
+                         f"room: at most {(cfg.env.size - 2) ** 2 // 4}")
+    if cfg.train.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("train.device is cuda but torch sees no CUDA device; use auto or cpu")
 
 
 def to_yaml(cfg: Config) -> str:

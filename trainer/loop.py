@@ -34,6 +34,30 @@ from .rollout import Trajectories, rollout
 log = logging.getLogger("freshper")
 
 
+def seed_everything(seed: int) -> None:
+    """Seed every global stream the run draws from: torch (CPU and CUDA), numpy, random."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_deterministic() -> None:
+    """Ask every GPU library for its deterministic kernels (set before they first run): torch's
+    deterministic algorithms, a fixed cuBLAS workspace, flash-attn's deterministic backward and
+    vLLM's batch-invariant kernels. CPU runs are deterministic without it."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("FLASH_ATTENTION_DETERMINISTIC", "1")
+    os.environ.setdefault("VLLM_BATCH_INVARIANT", "1")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where no such kernel exists
+    torch.backends.cudnn.benchmark = False
+
+
 def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
     """Initial states of iteration `iteration`: a pure function of (seed, iteration), so a resumed
     run and each arm of a comparison see the same environments."""
@@ -62,9 +86,13 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            make_deterministic()
         self.device = pick_device(cfg)
         self.model, self.tok, self.model_path = load_policy(cfg, self.device)
+        # Seeded after the model exists: building it on a cold cache, or loading it from a warm
+        # one, must not decide the sampling streams, so a run is a function of (config, seed).
+        seed_everything(cfg.train.seed)
         self.policy = Policy(self.model, cfg, self.device)
         self.ranges = Ranges()
         a = cfg.algo

@@ -77,8 +77,9 @@ def build_tiny(cfg: Config) -> Path:
                        num_key_value_heads=hidden // 64, head_dim=64, max_position_embeddings=1024,
                        tie_word_embeddings=True, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
                        bos_token_id=fast.eos_token_id, rope_theta=10000.0)
-    torch.manual_seed(cfg.train.seed)
-    model = Qwen2ForCausalLM(mcfg)
+    with torch.random.fork_rng(devices=[]):  # its own stream: building must not move the caller's
+        torch.manual_seed(cfg.train.seed)
+        model = Qwen2ForCausalLM(mcfg)
     model.save_pretrained(tmp, safe_serialization=True)
     fast.save_pretrained(tmp)
     try:

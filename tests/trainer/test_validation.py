@@ -1,0 +1,137 @@
+"""Every config field rejects a bad value before anything is built, naming the field."""
+import pytest
+
+from freshper.trainer import config as C
+from freshper.trainer.cli import main
+
+# One invalid value per field. A new field without an entry here fails test_table_covers_every_field.
+INVALID = {
+    "model.path": "/nonexistent/model",
+    "model.tiny_hidden": "100",
+    "model.tiny_layers": "0",
+    "model.tiny_vocab": "10",
+    "model.dtype": "float8",
+    "model.attn": "flash",
+    "model.gradient_checkpointing": "maybe",
+    "env.name": "chess",
+    "env.max_turns": "0",
+    "env.format_penalty": "0.5",
+    "env.size": "1",
+    "env.boxes": "0",
+    "env.p_frozen": "0",
+    "rollout.engine": "tgi",
+    "rollout.episodes": "0",
+    "rollout.group_size": "-2",
+    "rollout.max_new_tokens": "0",
+    "rollout.max_len": "1",
+    "rollout.temperature": "-1",
+    "rollout.gpu_memory_utilization": "1.5",
+    "rollout.vllm_sleep": "sometimes",
+    "algo.mode": "greedy",
+    "algo.advantage": "gae",
+    "algo.replay_updates": "-1",
+    "algo.replay_batch": "0",
+    "algo.capacity": "0",
+    "algo.alpha": "nan",
+    "algo.beta": "1.5",
+    "algo.beta_end": "-0.1",
+    "algo.beta_steps": "0",
+    "algo.tau": "0",
+    "algo.tau_auto": "perhaps",
+    "algo.tau_min": "-5",
+    "algo.tau_max": "0",
+    "algo.drift_ema": "1",
+    "algo.eps": "0",
+    "algo.eviction": "lifo",
+    "algo.priority": "loss",
+    "algo.clip_low": "1",
+    "algo.clip_high": "-0.1",
+    "algo.kl_coef": "-1",
+    "algo.tis_cap": "inf",
+    "algo.agg": "sum",
+    "algo.lr": "0",
+    "algo.weight_decay": "-0.01",
+    "algo.warmup": "-1",
+    "algo.grad_clip": "0",
+    "algo.micro_batch": "0",
+    "train.iterations": "-1",
+    "train.seed": "-3",
+    "train.run_dir": "",
+    "train.name": "a/b",
+    "train.device": "tpu",
+    "train.checkpoint_every": "0",
+    "train.keep_checkpoints": "0",
+    "train.sft_steps": "-1",
+    "train.sft_lr": "2",
+    "train.env_step_budget": "-5",
+    "train.threads": "-1",
+    "train.deterministic": "mostly",
+    "train.progress": "often",
+}
+
+
+def test_table_covers_every_field():
+    assert set(INVALID) == set(C.field_table())
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FRESHPER_CACHE", str(cache))
+    return cache
+
+
+@pytest.mark.parametrize("key", sorted(INVALID))
+def test_each_field_fails_fast_with_its_name(key, tmp_path, empty_cache, capsys):
+    runs = tmp_path / "runs"
+    argv = ["train", "--preset", "tiny", f"--{key}", INVALID[key]]
+    if key != "train.run_dir":
+        argv += ["--train.run_dir", str(runs)]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err, err
+    assert not runs.exists(), "a run folder was made before the options were checked"
+    assert not empty_cache.exists(), "the model was built before the options were checked"
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"rollout.episodes": 6, "rollout.group_size": 4}, "multiple of rollout.group_size"),
+    ({"rollout.max_new_tokens": 200, "rollout.max_len": 160}, "rollout.max_len"),
+    ({"algo.tau_min": 100.0, "algo.tau_max": 50.0}, "algo.tau_min"),
+    ({"algo.replay_batch": 64, "algo.capacity": 32}, "algo.capacity"),
+    ({"env.name": "sokoban", "env.size": 4, "env.boxes": 2}, "env.boxes"),
+])
+def test_cross_field_rules(over, needle):
+    with pytest.raises(ValueError, match=needle):
+        C.load("tiny", None, over)
+
+
+def test_valid_values_pass():
+    cfg = C.load("tiny", None, {"algo.tau": "inf", "model.path": "Qwen/Qwen2.5-0.5B-Instruct", "train.name": "x.1"})
+    assert cfg.algo.tau == float("inf")
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path), "--train.name", "r"])
+    err = capsys.readouterr().err
+    assert "--resume" in err and "already holds a run" in err
+    assert (run / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+
+
+def test_failed_start_removes_the_half_made_folder(tmp_path, capsys):
+    """A model folder that passes the option check but cannot be loaded: the start fails after
+    the run folder was made, and the folder must not be left behind."""
+    bad = tmp_path / "model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(Exception):
+        main(["train", "--preset", "tiny", "--model.path", str(bad), "--train.run_dir", str(tmp_path / "runs"),
+              "--train.name", "x"])
+    assert not (tmp_path / "runs" / "x").exists()
+    assert "removed the half-made run folder" in capsys.readouterr().err
