@@ -17,6 +17,7 @@ requires = [
     "matplotlib>=3.7",
     "transformers>=4.46",
     "tokenizers>=0.20",
+    "gymnasium>=1.0",
 ]
 if sys.platform.startswith("linux"):
     requires.append("triton>=3.0")

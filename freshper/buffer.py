@@ -113,6 +113,7 @@ class ReplayBuffer:
         self._next = 0  # FIFO write position
         self._added = 0  # trajectories ever added
         self._step: int | None = None  # latest step seen
+        self._max_priority = 1.0  # largest raw priority ever written (standard PER starts at 1)
         self._gen = torch.Generator(device=d)
         self._gen.manual_seed(seed)
         self._tree = SumMinTree(capacity) if sampler == "tree" else None
@@ -266,11 +267,22 @@ class ReplayBuffer:
     def field_names(self) -> list[str]:
         return sorted(self._fields)
 
-    def add(self, priority, step: int, **fields) -> torch.Tensor:
-        """Write B trajectories; returns their slots (B,) int64. priority (B,) >= 0, finite;
-        step: int, not earlier than any step seen; fields: tensors with leading dim B.
-        A full buffer evicts the oldest (fifo) or the least likely (stalest) slots."""
-        p = self._check_priority(priority, None)
+    def add(self, priority=None, step: int | None = None, **fields) -> torch.Tensor:
+        """Write B trajectories; returns their slots (B,) int64. priority: (B,) >= 0, finite; or
+        None to insert at the largest raw priority written so far (standard PER: new data is
+        replayed at least once soon; starts at 1). step: int, not earlier than any step seen;
+        fields: tensors with leading dim B. A full buffer evicts the oldest (fifo) or the least
+        likely (stalest) slots."""
+        if step is None:
+            raise ValueError("step is required: the step (iteration) the trajectories were collected at")
+        if priority is None:
+            sizes = {int(v.shape[0]) for v in fields.values() if hasattr(v, "shape") and len(v.shape)}
+            if len(sizes) != 1:
+                raise ValueError("priority=None needs fields with one leading batch size to know how many to add, "
+                                 f"got sizes {sorted(sizes)}")
+            p = torch.full((sizes.pop(),), self._max_priority, dtype=torch.float64, device=self.device)
+        else:
+            p = self._check_priority(priority, None)
         n = p.numel()
         if n > self.capacity:
             raise ValueError(f"priority has {n} entries, more than capacity={self.capacity}")
@@ -278,6 +290,8 @@ class ReplayBuffer:
         self._check_fields(fields, n)
         if not self._fields:
             self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
+        if priority is not None:
+            self._max_priority = max(self._max_priority, float(p.max()))
 
         slots = self._choose_slots(n)
         self._size += self._write(slots, p, step)
@@ -287,6 +301,11 @@ class ReplayBuffer:
         self._added += n
         self._step = step
         return slots
+
+    @property
+    def max_priority(self) -> float:
+        """The largest raw priority written so far (at least 1): what `add(None, ...)` inserts at."""
+        return self._max_priority
 
     def set_tau(self, tau: float) -> None:
         """Change the decay time (freshper mode). Every key depends on tau, so all are recomputed:
@@ -339,6 +358,7 @@ class ReplayBuffer:
         p = self._check_priority(priority, idx.numel())
         if step is not None:
             step = self._check_step(step)
+        self._max_priority = max(self._max_priority, float(p.max()))
         self._write(idx, p, step)
         if step is not None:
             self._step = step

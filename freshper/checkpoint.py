@@ -93,7 +93,7 @@ def buffer_state(buf, mirror: CpuMirror | None = None, copy: bool = True) -> dic
         "config": {"capacity": buf.capacity, "mode": buf.mode, "alpha": buf.alpha, "beta": _beta_to_json(buf.beta),
                    "tau": buf.tau, "eps": buf.eps, "eviction": buf.eviction, "seed": buf.seed, "sampler": buf.sampler},
         "counters": {"size": buf._size, "next": buf._next, "added": buf._added, "step": buf._step,
-                     "tree_ref": buf._ref},
+                     "tree_ref": buf._ref, "max_priority": buf._max_priority},
         "fields": {k: [list(v.shape[1:]), str(v.dtype).removeprefix("torch.")] for k, v in buf._fields.items()},
     }
     return {"meta": meta, "tensors": tensors}
@@ -152,6 +152,7 @@ def load_buffer_state(buf, sd: dict) -> None:
     buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
     buf._size, buf._next, buf._added = counters["size"], counters["next"], counters["added"]
     buf._step = counters["step"]
+    buf._max_priority = counters.get("max_priority", 1.0)  # absent in states saved before it existed
     buf._gen.set_state(tensors["rng"].clone())
     buf._recompute_keys(ref=counters["tree_ref"])
 

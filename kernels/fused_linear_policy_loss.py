@@ -123,7 +123,7 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         loss, dlogp, stats = loss_and_grad(logp.view(B, T), old_logp, advantages, mask, weights, **kw)
         ctx.save_for_backward(hidden, weight, targets, active, lse, dlogp)
         ctx.chunks = (chunk_size, vocab_chunk)
-        outs = [stats[k] for k in _STATS]
+        outs = [stats[k] for k in _STATS] + [logp.view(B, T)]
         ctx.mark_non_differentiable(*outs)
         return (loss.float(), *outs)
 
@@ -171,7 +171,9 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed in
     tiles: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64; the rest as
     in `policy_loss`. Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
-    chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`."""
+    chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`.
+    With `return_stats`, also a dict of the loss's detached statistics (as `policy_loss`) plus
+    "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
@@ -196,4 +198,4 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     loss, *stats = _FusedLinearPolicyLoss.apply(
         hidden, lm_weight, targets, old_logp.detach(), advantages.detach(), mask,
         weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk)
-    return (loss, dict(zip(_STATS, stats))) if return_stats else loss
+    return (loss, dict(zip((*_STATS, "logp"), stats))) if return_stats else loss

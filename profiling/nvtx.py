@@ -4,6 +4,7 @@ no-op; with the `nvtx` package installed it is used, else torch.cuda.nvtx."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -14,7 +15,7 @@ except ImportError:
 
 _COLORS = {"rollout": "green", "generate": "lime", "env_step": "olive", "logprob_recompute": "cyan",
            "onpolicy_update": "blue", "buffer_add": "purple", "sample": "magenta", "replay_update": "navy",
-           "priority_update": "pink", "weight_sync": "orange", "checkpoint": "red"}
+           "priority_update": "pink", "weight_sync": "orange", "checkpoint": "red", "eval": "yellow"}
 
 
 @contextlib.contextmanager
@@ -35,9 +36,25 @@ def nvtx_range(name: str):
             yield
 
 
-class Ranges:
-    """`ranges.range(name)` -> context manager; a stand-in object passed down to the rollout."""
+class Phases:
+    """`with phases("rollout"):` names the range (NVTX on CUDA, torch.profiler everywhere) and
+    adds its wall time to `phases.seconds["rollout"]`: one name per phase for traces and
+    metrics alike. `take()` returns the seconds gathered since the last call and resets them.
+    On CUDA a phase's time is what the host waited; phases that end in a host sync (updates,
+    sampling, weight sync) therefore include their GPU work."""
 
-    @staticmethod
-    def range(name: str):
-        return nvtx_range(name)
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            with nvtx_range(name):
+                yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out

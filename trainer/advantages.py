@@ -1,28 +1,53 @@
-"""Advantage estimators on episode rewards (outcome rewards; every response token of an
-episode gets its episode's advantage).
+"""Advantage estimators on episode returns (outcome rewards), and their token-level shaping.
 
-reinforce++: returns normalised over the whole batch, (R - mean) / std (Hu, 2025; the paper's).
-grpo: returns normalised within each group of episodes that share an initial state.
+reinforce: returns normalised within each group of episodes that share an initial state,
+    (R - mean_group) / (std_group + eps): the paper's code (ROLL's `reinforce` estimator with
+    reward_normalization grouping=traj_group_id, method=mean_std). With one outcome reward per
+    episode and gamma = 1 every token's return is the episode's, so at the episode level this is
+    the same number as grpo's.
+reinforce++: returns normalised over the whole batch (Hu, 2025; what the paper's text names).
+grpo: returns normalised within groups.
+Then `shape` spreads each episode's advantage over its response tokens and, as the paper's
+example configs do, whitens them over all response tokens of the batch and clips to ±clip.
 """
 from __future__ import annotations
 
 import torch
 
-ESTIMATORS = ("reinforce++", "grpo")
+ESTIMATORS = ("reinforce", "reinforce++", "grpo")
+
+
+def _group_normalise(r: torch.Tensor, group: torch.Tensor, eps: float) -> torch.Tensor:
+    _, inv = torch.unique(group, return_inverse=True)
+    n = torch.zeros(int(inv.max()) + 1, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
+    mean = torch.zeros_like(n).index_add_(0, inv, r) / n
+    var = torch.zeros_like(n).index_add_(0, inv, (r - mean[inv]) ** 2) / n
+    return (r - mean[inv]) / (var[inv].sqrt() + eps)
 
 
 def advantages(kind: str, reward: torch.Tensor, group: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """(E,) float32 advantages from (E,) episode rewards; `group` (E,) int64 for grpo."""
+    """(E,) float32 advantages from (E,) episode returns; `group` (E,) int64 ids for the group
+    estimators (a singleton group gets 0)."""
     r = reward.float()
     if kind == "reinforce++":
         return (r - r.mean()) / (r.std(unbiased=False) + eps)
-    if kind == "grpo":
+    if kind in ("reinforce", "grpo"):
         if group is None:
-            raise ValueError("grpo advantages need group=(E,) group ids")
-        out = torch.empty_like(r)
-        for g in group.unique():
-            sel = group == g
-            x = r[sel]
-            out[sel] = (x - x.mean()) / (x.std(unbiased=False) + eps)
-        return out
+            raise ValueError(f"{kind} advantages need group=(E,) group ids")
+        return _group_normalise(r, group.to(r.device), eps)
     raise ValueError(f"advantage must be one of {ESTIMATORS}, got {kind!r}")
+
+
+def shape(adv: torch.Tensor, mask: torch.Tensor, whiten: bool, clip: float, eps: float = 1e-8) -> torch.Tensor:
+    """(E, L) token advantages: each episode's (E,) advantage on its response tokens (`mask`),
+    whitened over all of them if `whiten`, clipped to [-clip, clip] if clip > 0; 0 elsewhere."""
+    m = mask.to(adv.dtype)
+    tok = adv[:, None] * m
+    if whiten:
+        n = m.sum().clamp_min(1.0)
+        mean = tok.sum() / n
+        std = (((tok - mean) * m) ** 2).sum().div(n).sqrt()
+        tok = (tok - mean) / (std + eps) * m
+    if clip > 0:
+        tok = tok.clamp(-clip, clip)
+    return tok

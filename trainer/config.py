@@ -21,7 +21,7 @@ class ModelConfig:
     path: str = ""  # local path or hub id of a causal LM; empty: the tiny model built for the env
     tiny_hidden: int = 128  # tiny model: hidden size (head_dim is 64, so heads = hidden / 64)
     tiny_layers: int = 2  # tiny model: transformer layers
-    tiny_vocab: int = 384  # tiny model: BPE vocabulary trained offline on the env's text
+    tiny_vocab: int = 1024  # tiny model: BPE vocabulary trained offline on the env's conversations
     dtype: str = "auto"  # auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16
     attn: str = "auto"  # auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
@@ -30,11 +30,12 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     name: str = "frozenlake"  # frozenlake | sokoban
-    max_turns: int = 8  # actions per episode (one per turn)
-    format_penalty: float = -0.15  # reward for an unparseable or unknown action
+    max_turns: int = 10  # actions per episode (the paper's max_actions_per_traj)
+    format_penalty: float = -0.15  # added to the return of a turn whose answer does not parse
     size: int = 4  # grid side
     boxes: int = 1  # sokoban: number of boxes
     p_frozen: float = 0.8  # frozenlake: probability that a tile is ice
+    search_depth: int = 300  # sokoban: depth of the reverse-play search that places the boxes
 
 
 @dataclass
@@ -42,23 +43,37 @@ class RolloutConfig:
     engine: str = "hf"  # hf (transformers generate) | vllm (colocated vLLM)
     episodes: int = 32  # episodes per iteration
     group_size: int = 4  # episodes per initial state (GRPO groups share a seed)
-    max_new_tokens: int = 8  # tokens per response
-    max_len: int = 160  # prompt + response tokens per turn (padded length)
-    temperature: float = 1.0  # sampling temperature (full distribution: no top-k / top-p)
+    max_new_tokens: int = 8  # tokens per reply (also the prompt's "Max response length")
+    max_len: int = 1280  # tokens per episode (the whole chat); an episode that cannot fit a reply ends
+    temperature: float = 0.99  # sampling temperature (the paper's code: 0.99)
+    top_p: float = 0.99  # nucleus sampling (the paper's code: 0.99; 1 is off)
+    top_k: int = 100  # top-k sampling (the paper's code: 100; 0 is off)
     gpu_memory_utilization: float = 0.3  # vllm: fraction of GPU memory for weights and KV cache
     vllm_sleep: bool = True  # vllm on CUDA: release KV cache and weights during training
 
 
 @dataclass
+class EvalConfig:
+    every: int = 10  # iterations between validation rollouts (0: none); the last iteration is evaluated too
+    episodes: int = 32  # validation episodes, one per fixed initial state disjoint from training's
+    temperature: float = 0.0  # validation sampling temperature (0: greedy)
+
+
+@dataclass
 class AlgoConfig:
     mode: str = "freshper"  # on-policy | per | freshper | uniform (replay without priorities)
-    advantage: str = "reinforce++"  # reinforce++ (batch-normalised returns) | grpo (group-normalised)
+    advantage: str = "reinforce"  # reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo
+    whiten: bool = True  # whiten advantages over the batch's response tokens (the paper's code)
+    adv_clip: float = 0.2  # clip advantages to [-adv_clip, adv_clip] after whitening (0: off)
+    replay_advantage: str = "recompute"  # recompute (within each replay batch, the paper's code) | stored
     replay_updates: int = 2  # K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)
     replay_batch: int = 32  # trajectories per replay update
-    capacity: int = 2048  # buffer capacity in trajectories
+    capacity: int = 100000  # buffer capacity in trajectories (the paper's runs evict nothing)
+    insert_priority: str = "max"  # max (new trajectories at the largest priority seen, standard PER) | own
     alpha: float = 0.6  # priority exponent
-    beta: float = 0.4  # IS-weight exponent at the start
-    beta_end: float = 1.0  # IS-weight exponent after beta_steps iterations
+    is_weights: bool = False  # scale replayed losses by IS weights (off in the paper's code)
+    beta: float = 0.4  # IS-weight exponent
+    beta_end: float = 0.4  # IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)
     beta_steps: int = 200  # iterations over which beta anneals linearly
     tau: float = 1000.0  # freshness decay time in iterations (paper: 500, 1000 for FrozenLake)
     tau_auto: bool = False  # freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)
@@ -67,22 +82,24 @@ class AlgoConfig:
     drift_ema: float = 0.9  # tau_auto: smoothing of the drift-rate estimate across iterations
     eps: float = 1e-6  # added to base priorities
     eviction: str = "fifo"  # fifo | stalest
-    priority: str = "reward"  # reward (|episode reward|, the paper's) | advantage (|advantage|)
+    priority: str = "reward"  # reward (|episode reward|, format penalty excluded, the paper's) | advantage
+    behaviour_logp: str = "before"  # before (the acting policy: the true ratio) | after (the paper's code)
     clip_low: float = 0.2  # PPO clip below 1
-    clip_high: float = 0.28  # PPO clip above 1
+    clip_high: float = 0.2  # PPO clip above 1
     kl_coef: float = 0.0  # k3 KL penalty to the initial policy (needs a reference model copy)
     tis_cap: float = 0.0  # truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off
-    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
-    lr: float = 1e-4  # AdamW learning rate
+    agg: str = "seq-mean-token-sum"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    lr: float = 1e-4  # AdamW peak learning rate
+    lr_schedule: str = "cosine"  # cosine (to 0 over the run, the paper's code) | constant
+    warmup_steps: int = 10  # linear learning-rate warm-up, in optimizer steps
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup: int = 5  # linear learning-rate warm-up, iterations
     grad_clip: float = 1.0  # max gradient norm
-    micro_batch: int = 64  # rows (turns) per forward/backward
+    micro_batch: int = 16  # episodes per forward/backward
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 150  # training iterations
+    iterations: int = 80  # training iterations
     seed: int = 0  # seeds the model init, env maps, sampling and the buffer
     run_dir: str = "runs"  # parent folder of run folders
     name: str = ""  # run folder name; empty: <env>-<mode>-s<seed>
@@ -102,6 +119,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -115,34 +133,45 @@ CHOICES = {
     "env.name": ("frozenlake", "sokoban"),
     "rollout.engine": ("hf", "vllm"),
     "algo.mode": ("on-policy", "per", "freshper", "uniform"),
-    "algo.advantage": ("reinforce++", "grpo"),
+    "algo.advantage": ("reinforce", "reinforce++", "grpo"),
+    "algo.replay_advantage": ("recompute", "stored"),
+    "algo.insert_priority": ("max", "own"),
+    "algo.behaviour_logp": ("before", "after"),
+    "algo.lr_schedule": ("cosine", "constant"),
     "algo.eviction": ("fifo", "stalest"),
     "algo.priority": ("reward", "advantage"),
     "algo.agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "train.device": ("auto", "cpu", "cuda"),
 }
 
+# The paper's setting on a GPU node, from the authors' example configs (ROLL agentic pipeline):
+# Qwen2.5-0.5B-Instruct, 128 groups x 8 episodes = 1,024 per iteration, 64-token replies,
+# 8,192-token episodes, lr 1e-6 cosine with 10 warm-up steps, bf16, vLLM, validation every 10
+# iterations on 1,024 greedy episodes. Weights must be on the machine or reachable from the hub.
+_PAPER_GPU = {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.engine": "vllm", "rollout.episodes": 1024,
+              "rollout.group_size": 8, "rollout.max_new_tokens": 64, "rollout.max_len": 8192,
+              "rollout.gpu_memory_utilization": 0.5, "eval.every": 10, "eval.episodes": 1024, "algo.lr": 1e-6,
+              "algo.replay_batch": 1024, "algo.micro_batch": 8, "train.sft_steps": 0, "train.iterations": 200,
+              "model.gradient_checkpointing": True}
+_SOKOBAN_SIMPLE = {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.search_depth": 300, "algo.tau": 500.0}
+_SOKOBAN_HARD = {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.search_depth": 10, "algo.tau": 500.0}
+
 PRESETS: dict[str, dict] = {
-    # The embedded default: FrozenLake with the tiny model on CPU, under 10 minutes on 2 cores.
+    # The embedded default: FrozenLake with the tiny model on CPU, the paper's conventions at tiny scale.
     "frozenlake": {},
-    "sokoban-simple": {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.max_turns": 10,
-                       "algo.tau": 500.0, "rollout.max_len": 200, "train.iterations": 200},
-    "sokoban-hard": {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.max_turns": 10,
-                     "algo.tau": 500.0, "rollout.max_len": 240, "train.iterations": 300},
+    "sokoban-simple": {**_SOKOBAN_SIMPLE, "rollout.max_len": 1408, "train.iterations": 200},
+    "sokoban-hard": {**_SOKOBAN_HARD, "rollout.max_len": 1664, "train.iterations": 300},
     # Seconds per iteration; for tests and smoke checks.
-    "tiny": {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 320, "rollout.episodes": 4,
+    "tiny": {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 512, "rollout.episodes": 4,
              "rollout.group_size": 2, "env.max_turns": 3, "algo.replay_batch": 4, "algo.capacity": 32,
-             "algo.replay_updates": 1, "train.iterations": 2, "train.sft_steps": 2, "train.checkpoint_every": 1,
+             "algo.replay_updates": 1, "algo.micro_batch": 4, "rollout.max_len": 640, "eval.every": 0,
+             "eval.episodes": 2, "train.iterations": 2, "train.sft_steps": 2, "train.checkpoint_every": 1,
              "train.progress": False, "train.threads": 1},
-    # The paper's setting on a GPU node (weights must be on the machine or reachable from the hub).
-    "qwen2.5-0.5b-sokoban": {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "env.name": "sokoban", "env.size": 6,
-                             "env.boxes": 1, "env.max_turns": 10, "rollout.engine": "vllm", "rollout.episodes": 128,
-                             "rollout.group_size": 8, "rollout.max_new_tokens": 64, "rollout.max_len": 512,
-                             "algo.tau": 500.0, "algo.replay_batch": 128, "algo.capacity": 8192, "algo.lr": 1e-6,
-                             "algo.micro_batch": 32, "train.sft_steps": 0, "train.iterations": 200,
-                             "model.gradient_checkpointing": True},
+    "qwen2.5-0.5b-frozenlake": {**_PAPER_GPU, "algo.tau": 1000.0},
+    "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
+    "qwen2.5-0.5b-sokoban-hard": {**_PAPER_GPU, **_SOKOBAN_HARD},
     # The GPU preset in short form: a few iterations with the tiny model, vLLM and bf16.
-    "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda",
+    "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda", "eval.every": 3,
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
 }
 
@@ -155,8 +184,8 @@ def field_table() -> dict[str, tuple[type, object, str]]:
 
     out = {}
     for sec in fields(Config):
-        cls = {"model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "algo": AlgoConfig,
-               "train": TrainConfig}[sec.name]
+        cls = {"model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "eval": EvalConfig,
+               "algo": AlgoConfig, "train": TrainConfig}[sec.name]
         helps = {}
         for line in inspect.getsource(cls).splitlines():
             line = line.strip()
@@ -262,12 +291,19 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.size": (lambda v: 3 <= v <= 64, "in [3, 64]"),
     "env.boxes": (lambda v: 1 <= v <= 8, "in [1, 8]"),
     "env.p_frozen": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "env.search_depth": (lambda v: 1 <= v <= 10_000, "in [1, 10000]"),
     "rollout.episodes": (lambda v: v > 0, "> 0"),
     "rollout.group_size": (lambda v: v > 0, "> 0"),
     "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),
     "rollout.max_len": (lambda v: v > 1, "> 1"),
     "rollout.temperature": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.top_k": (lambda v: v >= 0, ">= 0 (0: off)"),
     "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "eval.every": (lambda v: v >= 0, ">= 0 (0: no evaluation)"),
+    "eval.episodes": (lambda v: v > 0, "> 0"),
+    "eval.temperature": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: greedy)"),
+    "algo.adv_clip": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
     "algo.replay_updates": (lambda v: v >= 0, ">= 0"),
     "algo.replay_batch": (lambda v: v > 0, "> 0"),
     "algo.capacity": (lambda v: v > 0, "> 0"),
@@ -286,7 +322,7 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "algo.tis_cap": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
     "algo.lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
     "algo.weight_decay": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "algo.warmup": (lambda v: v >= 0, ">= 0"),
+    "algo.warmup_steps": (lambda v: v >= 0, ">= 0"),
     "algo.grad_clip": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
     "algo.micro_batch": (lambda v: v > 0, "> 0"),
     "train.iterations": (lambda v: v > 0, "> 0"),

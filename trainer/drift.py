@@ -35,7 +35,7 @@ class DriftTau:
             raise ValueError(f"drift ema must lie in [0, 1), got {ema}")
         self.tau_min, self.tau_max, self.ema = tau_min, tau_max, ema
         self.rate: float | None = None  # KL per iteration of age, smoothed
-        self.tau = float(tau)
+        self.tau = min(max(float(tau), tau_min), tau_max)  # in range from the start, not only after a fit
         self._num = self._den = 0.0
 
     def observe(self, age: torch.Tensor, kl: torch.Tensor) -> None:

@@ -1,37 +1,39 @@
 """The training loop: one iteration is
 
-    rollout (engine.generate <-> env.step) -> log-prob recompute -> advantages
-    -> one on-policy update -> buffer.add -> K x [sample -> replay update -> priority update]
-    -> weight sync to the engine -> (every k iterations) checkpoint
+    rollout (engine.generate <-> env.step, one chat per episode) -> log-prob recompute
+    -> advantages -> one on-policy update -> buffer.add
+    -> K x [sample -> replay update -> priority update] -> weight sync to the engine
+    -> (every eval.every iterations) validation rollout -> (every k iterations) checkpoint
 
 The arm is `algo.mode`: on-policy (K = 0), per (no decay), freshper (exp(-age / tau) decay),
 uniform (replay without priorities). The buffer's step is the iteration number, so tau is in
-iterations, as in the paper.
+iterations, as in the paper. Episodes stay on the training device from the rollout to the
+buffer and back; each update syncs with the host once for its statistics.
 """
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from freshper import ReplayBuffer, base_priority, linear_beta
-from freshper.profiling.nvtx import Ranges
+from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
-from .advantages import advantages
+from .advantages import advantages, shape
 from .config import Config, to_yaml
 from .drift import DriftTau
-from .engines.base import make_engine
+from .engines.base import Sampling, make_engine
 from .envs import make_env
 from .metrics import MetricsLog, plot
 from .model import env_kwargs, load_policy, pick_device
 from .policy import Policy
-from .rollout import Trajectories, rollout
+from .rollout import rollout
 
 log = logging.getLogger("freshper")
+EVAL_SEED_BASE = 2**31  # validation states: seeds no training iteration draws (those are < 2^31 - 1)
 
 
 def seed_everything(seed: int) -> None:
@@ -64,22 +66,6 @@ def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
     return [(seed * 1_000_003 + iteration * 1_009 + g * 7_919) % (2**31 - 1) for g in range(groups)]
 
 
-def _rows(tokens, mask, *per_traj):
-    """Flatten (E, turns, L) to the rows that hold a response; per-trajectory (E,) tensors are
-    repeated per row."""
-    has = mask.any(-1)  # (E, turns)
-    traj = row_trajectory(mask)
-    out = [tokens[has], mask[has]]
-    for t in per_traj:
-        out.append(None if t is None else (t[has] if t.dim() == 3 else t[traj]))
-    return out
-
-
-def row_trajectory(mask: torch.Tensor) -> torch.Tensor:
-    """For each row `_rows` returns, the index of its trajectory."""
-    return mask.any(-1).nonzero()[:, 0]
-
-
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -93,20 +79,24 @@ class Trainer:
         # Seeded after the model exists: building it on a cold cache, or loading it from a warm
         # one, must not decide the sampling streams, so a run is a function of (config, seed).
         seed_everything(cfg.train.seed)
-        self.policy = Policy(self.model, cfg, self.device)
-        self.ranges = Ranges()
-        a = cfg.algo
+        a, r = cfg.algo, cfg.rollout
         self.K = 0 if a.mode == "on-policy" else a.replay_updates
+        self.policy = Policy(self.model, cfg, self.device, total_steps=cfg.train.iterations * (1 + self.K))
+        self.phase = Phases()
+        self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
         self.beta = linear_beta(a.beta, a.beta_end, steps=max(1, a.beta_steps))
         self.drift = DriftTau(a.tau, a.tau_min, a.tau_max, a.drift_ema) if a.tau_auto and a.mode == "freshper" else None
+        # Replay changes a priority only if it was inserted at the maximum (first replay sets
+        # its own) or is recomputed from a new advantage; otherwise the update is skipped.
+        self.updates_priorities = a.insert_priority == "max" or (
+            a.priority == "advantage" and a.replay_advantage == "recompute")
         self.buffer = None
-        self.iteration = 0
-        self.env_steps = 0
-        self.episodes = 0
+        self.iteration = self.env_steps = self.episodes = 0
         self.sft_losses: list[float] = []
         if resume:
             path = ckpt.latest(self.run_dir / "checkpoints")
             state, self.buffer = ckpt.load(path, self.policy, self.device, self.beta)
+            self._check_resumed_buffer()
             self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
             if self.drift is not None and state.get("drift"):
                 self.drift.load(state["drift"])
@@ -114,128 +104,155 @@ class Trainer:
         else:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             self.sft_losses = self.policy.warm_start(self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
-                                                     cfg.train.seed)
+                                                     cfg.train.seed, r.max_new_tokens, r.max_len)
             if self.sft_losses:
                 log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
                          "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
         if self.buffer is None and self.K > 0:
             self.buffer = ReplayBuffer(a.capacity, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau, eps=a.eps,
                                        eviction=a.eviction, device=self.device, seed=cfg.train.seed)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tok, cfg, self.device)
+        self.engine = make_engine(r.engine, self.model, self.tok, cfg, self.device)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
+
+    def _check_resumed_buffer(self) -> None:
+        """--resume with buffer settings other than the checkpoint's is an error naming them."""
+        a = self.cfg.algo
+        if (self.buffer is None) != (self.K == 0):
+            raise ValueError(f"--resume: the checkpoint {'has no' if self.buffer is None else 'has a'} replay buffer "
+                             f"but algo.mode={a.mode!r}, algo.replay_updates={a.replay_updates} "
+                             f"{'needs' if self.K else 'has no use for'} one")
+        if self.buffer is None:
+            return
+        b = self.buffer
+        pairs = {"algo.capacity": (b.capacity, a.capacity), "algo.mode": (b.mode, a.mode),
+                 "algo.alpha": (b.alpha, a.alpha), "algo.eps": (b.eps, a.eps),
+                 "algo.eviction": (b.eviction, a.eviction)}
+        if not a.tau_auto:
+            pairs["algo.tau"] = (b.tau, a.tau)
+        diff = [f"{k} is {have!r} in the checkpoint, {want!r} now" for k, (have, want) in pairs.items() if have != want]
+        if diff:
+            raise ValueError("--resume with replay-buffer settings that differ from the checkpoint's: "
+                             + "; ".join(diff))
 
     def _new_env(self):
         return make_env(self.cfg.env.name, **env_kwargs(self.cfg))
 
     # --------------------------------------------------------------------------- one iteration
     def _priority(self, reward, adv):
+        """Base priority from the environment reward (format penalty excluded) or |advantage|."""
         return base_priority(self.cfg.algo.priority, rewards=reward, advantages=adv[:, None],
                              mask=torch.ones_like(adv[:, None], dtype=torch.bool)).double()
 
+    def _advantages(self, score, group, mask):
+        a = self.cfg.algo
+        adv = advantages(a.advantage, score, group)
+        return adv, shape(adv, mask, a.whiten, a.adv_clip)
+
     def iteration_step(self) -> dict:
-        cfg, it, R = self.cfg, self.iteration, self.ranges
-        times = {}
-        t0 = time.perf_counter()
-        with R.range("rollout"):
+        cfg, it, P, dev = self.cfg, self.iteration, self.phase, self.device
+        r = cfg.rollout
+        groups = r.episodes // r.group_size
+        with P("rollout"):
             self.engine.wake()
-            groups = cfg.rollout.episodes // cfg.rollout.group_size
-            traj: Trajectories = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg),
-                                         group_seeds(cfg.train.seed, it, groups), cfg.rollout.group_size,
-                                         cfg.rollout.max_new_tokens, cfg.rollout.max_len, cfg.rollout.temperature,
-                                         nvtx=R)
+            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), group_seeds(cfg.train.seed, it, groups),
+                         r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P)
             self.engine.sleep()
-        times["rollout"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        with R.range("logprob_recompute"):
-            tokens, mask, elogp = _rows(traj.tokens, traj.mask, traj.engine_logp)
+        tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
+        score, reward = ep.score.to(dev), ep.reward.to(dev)
+        group = (it * groups + ep.group).to(dev)  # unique across iterations, for replay recomputation
+        with P("logprob_recompute"):
             old_logp = self.policy.logprobs(tokens, mask)
-        times["recompute"] = time.perf_counter() - t0
-        mismatch = float((old_logp - elogp)[mask].abs().max()) if mask.any() else 0.0
-
-        adv = advantages(cfg.algo.advantage, traj.reward, traj.group)
-        t0 = time.perf_counter()
-        with R.range("onpolicy_update"):
-            _, _, row_adv = _rows(traj.tokens, traj.mask, adv)
-            on = self.policy.update(tokens, mask, old_logp, row_adv, None, elogp)
-        times["onpolicy"] = time.perf_counter() - t0
+        mismatch = (old_logp - elogp).abs().masked_fill(~mask, 0).max()
+        adv, tok_adv = self._advantages(score, group, mask)
+        with P("onpolicy_update"):
+            on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp)
 
         replay = {}
         if self.buffer is not None:
-            t0 = time.perf_counter()
-            with R.range("buffer_add"):
-                full_logp = torch.zeros(traj.tokens.shape, dtype=torch.float32)
-                full_logp[traj.mask.any(-1)] = old_logp
-                self.buffer.add(self._priority(traj.reward, adv), step=it, tokens=traj.tokens.to(torch.int32),
-                                mask=traj.mask, old_logp=full_logp, engine_logp=traj.engine_logp,
-                                adv=adv.float(), reward=traj.reward.float())
-            times["buffer_add"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            with P("buffer_add"):
+                a = cfg.algo
+                behaviour = old_logp if a.behaviour_logp == "before" else self.policy.logprobs(tokens, mask)
+                prio = None if a.insert_priority == "max" else self._priority(reward, adv)
+                self.buffer.add(prio, step=it, tokens=tokens.to(torch.int32), mask=mask, old_logp=behaviour,
+                                engine_logp=elogp, score=score, reward=reward, group=group, adv=adv)
             replay = self._replay(it)
-            times["replay"] = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        with R.range("weight_sync"):
+        with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
-        times["sync"] = time.perf_counter() - t0
+        ev = {}
+        last = it + 1 == cfg.train.iterations
+        if cfg.eval.every and (it % cfg.eval.every == 0 or last):
+            with P("eval"):
+                ev = self.evaluate()
 
         self.iteration += 1
-        self.env_steps += traj.env_steps
-        self.episodes += len(traj)
-        row = {
+        self.env_steps += ep.env_steps
+        self.episodes += len(ep)
+        return {
             "iteration": it, "env_steps": self.env_steps, "episodes": self.episodes,
-            "reward": float(traj.reward.mean()), "success": float(traj.success.float().mean()),
-            "valid_action": float(traj.valid_frac.mean()), "turns": float(traj.turns.float().mean()),
-            "gen_tokens": traj.gen_tokens, "loss": on["loss"], "clip_frac": on["clip_frac"],
+            "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
+            "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
+            "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
+            "gen_tokens": ep.gen_tokens, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
-            "engine_trainer_logp_maxdiff": mismatch, "weight_sync_s": sync_s,
-            "buffer_size": len(self.buffer) if self.buffer is not None else 0, **replay,
-            **{f"time_{k}": round(v, 4) for k, v in times.items()},
+            "engine_trainer_logp_maxdiff": float(mismatch), "weight_sync_s": sync_s,
+            "buffer_size": len(self.buffer) if self.buffer is not None else 0, **replay, **ev,
+            **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
-        return row
 
     def _replay(self, it: int) -> dict:
-        a, R = self.cfg.algo, self.ranges
-        stats = {"replay_loss": [], "replay_clip_frac": [], "is_ess": [], "replay_age_mean": [], "replay_age_max": [],
-                 "replay_ratio_mean": []}
+        a, P = self.cfg.algo, self.phase
+        rows = []
         for _ in range(self.K):
-            with R.range("sample"):
+            with P("sample"):
                 b = self.buffer.sample(a.replay_batch, step=it)
-            with R.range("replay_update"):
-                tokens, mask, old, elogp, w, adv = _rows(b.tokens.long().cpu(), b.mask.cpu(), b.old_logp.cpu(),
-                                                         b.engine_logp.cpu(), b.weights.float().cpu(), b.adv.cpu())
-                if self.drift is not None:
-                    self._observe_drift(b, tokens, mask, old)
-                st = self.policy.update(tokens, mask, old, adv, w, elogp)
-            with R.range("priority_update"):
-                self.buffer.update_priorities(b.indices, self._priority(b.reward.cpu(), b.adv.cpu()))
-            wts = b.weights.double()
-            stats["replay_loss"].append(st["loss"])
-            stats["replay_clip_frac"].append(st["clip_frac"])
-            stats["replay_ratio_mean"].append(st["ratio_mean"])
-            stats["is_ess"].append(float(wts.sum() ** 2 / (wts ** 2).sum() / wts.numel()))
-            stats["replay_age_mean"].append(float(b.age.double().mean()))
-            stats["replay_age_max"].append(float(b.age.max()))
-        out = {k: sum(v) / len(v) for k, v in stats.items() if v}
-        if "replay_age_max" in out:
-            out["replay_age_max"] = max(stats["replay_age_max"])
+            with P("replay_update"):
+                if a.replay_advantage == "recompute":
+                    adv, tok_adv = self._advantages(b.score, b.group, b.mask)
+                else:
+                    adv, tok_adv = b.adv, shape(b.adv, b.mask, a.whiten, a.adv_clip)
+                st = self.policy.update(b.tokens, b.mask, b.old_logp, tok_adv, b.weights if a.is_weights else None,
+                                        b.engine_logp)
+            if self.drift is not None:
+                self.drift.observe(b.age, st["row_kl"])
+            if self.updates_priorities:
+                with P("priority_update"):
+                    self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
+            w = b.weights.double()
+            age = b.age.double()
+            rows.append(torch.stack([w.sum() ** 2 / (w ** 2).sum() / w.numel(), age.mean(), age.max(),
+                                     st["row_kl"].double().mean()]).cpu())
+            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"]]
+        names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_loss", "replay_clip_frac",
+                 "replay_ratio_mean"]
+        out = {n: sum(r[i] for r in rows) / len(rows) for i, n in enumerate(names)}
+        out["replay_age_max"] = max(r[2] for r in rows)
         if self.drift is not None:
             self.buffer.set_tau(self.drift.update())
             out.update(tau=self.drift.tau, drift_rate=self.drift.rate)
         return out
 
-    def _observe_drift(self, b, tokens, mask, old) -> None:
-        """Per replayed trajectory: its age and the mean over its response tokens of
-        log mu - log pi, an estimate of the per-token KL(mu || pi)."""
-        new = self.policy.logprobs(tokens, mask)
-        traj = row_trajectory(b.mask.cpu())
-        total = torch.zeros(len(b), dtype=torch.float64).index_add_(0, traj, ((old - new) * mask).sum(-1).double())
-        count = torch.zeros(len(b), dtype=torch.float64).index_add_(0, traj, mask.sum(-1).double())
-        self.drift.observe(b.age.cpu(), total / count.clamp_min(1.0))
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Validation: `eval.episodes` episodes from fixed initial states no training iteration
+        uses, one per state, at `eval.temperature` (0: greedy). Its sampling draws from a forked
+        RNG, so evaluating does not change the training run."""
+        cfg = self.cfg
+        r, e = cfg.rollout, cfg.eval
+        seeds = [EVAL_SEED_BASE + i for i in range(e.episodes)]
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.engine.wake()
+            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, 1, r.max_new_tokens, r.max_len,
+                         Sampling(e.temperature, r.top_p, r.top_k))
+            self.engine.sleep()
+        return {"eval_success": float(ep.success.float().mean()), "eval_score": float(ep.reward.mean()),
+                "eval_valid_action": float(ep.valid_frac.mean()),
+                "eval_context_ended": float(ep.context_ended.float().mean())}
 
     # ---------------------------------------------------------------------------------- run
     def save_checkpoint(self) -> Path:
-        with self.ranges.range("checkpoint"):
+        with self.phase("checkpoint"):
             return ckpt.save(self.run_dir / "checkpoints", self.iteration, self.policy, self.buffer,
                              {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path,
                               "drift": self.drift.state() if self.drift is not None else None},

@@ -1,9 +1,11 @@
 """The policy model and tokenizer: any local or hub causal LM, or a tiny one built offline.
 
 The tiny model is a random-initialised Qwen2-style decoder (head_dim 64, so vLLM can serve it)
-with a BPE tokenizer trained with `tokenizers` on text the environment itself generates. Both
-are written to a cache folder on first use and loaded from there afterwards; nothing is fetched
-at run time. "<answer>" and "</answer>" are single tokens, and "</answer>" ends a response.
+with a BPE tokenizer trained with `tokenizers` on conversations the environment itself
+generates, and a ChatML-style chat template (<|im_start|>role ... <|im_end|>, the format of the
+Qwen2.5 instruct models). Both are written to a cache folder on first use and loaded from there
+afterwards; nothing is fetched at run time. "<answer>" and "</answer>" are single tokens, and
+"</answer>" ends a reply as <|im_end|> (the eos) does.
 """
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ from pathlib import Path
 
 import torch
 
+from .chat import REWARD, SYSTEM, fmt_reward, turn_text
 from .config import Config
 from .envs import make_env
 
 log = logging.getLogger("freshper")
-SPECIALS = ["<pad>", "<eos>", "<answer>", "</answer>"]
+SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>", "<answer>", "</answer>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def cache_dir() -> Path:
@@ -29,27 +34,29 @@ def cache_dir() -> Path:
 def env_kwargs(cfg: Config) -> dict:
     e = cfg.env
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
-    kw.update({"boxes": e.boxes} if e.name == "sokoban" else {"p": e.p_frozen})
+    kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else {"p": e.p_frozen})
     return kw
 
 
 def corpus(cfg: Config, n_states: int = 300) -> list[str]:
-    """Text the tokenizer is trained on: prompts of random states and every answer."""
+    """Text the tokenizer is trained on: conversations of random states and actions, worded as
+    the rollout words them, and every answer."""
     env = make_env(cfg.env.name, **env_kwargs(cfg))
-    texts = []
+    texts = [SYSTEM, env.instruction]
     for seed in range(n_states):
-        env.reset(10_000_000 + seed)
-        texts.append(env.prompt())
-        env.step(f"<answer>{env.actions[seed % len(env.actions)]}</answer>")
-        if not env.done:
-            texts.append(env.prompt())
+        state = env.reset(10_000_000 + seed)
+        texts.append(turn_text(0, state, env.max_turns, cfg.rollout.max_new_tokens))
+        r = env.step(f"<answer>{env.actions[seed % len(env.actions)]}</answer>")
+        texts.append(REWARD.format(reward=fmt_reward(r.reward)) + turn_text(1, r.observation, env.max_turns - 1,
+                                                                             cfg.rollout.max_new_tokens))
     texts += [f"<answer>{a}</answer>" for a in env.actions] * 20
     return texts
 
 
 def tiny_model_dir(cfg: Config) -> Path:
     spec = {"env": cfg.env.name, "size": cfg.env.size, "boxes": cfg.env.boxes, "hidden": cfg.model.tiny_hidden,
-            "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed, "v": 1}
+            "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed,
+            "max_words": cfg.rollout.max_new_tokens, "v": 2}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return cache_dir() / "models" / f"tiny-qwen2-{cfg.env.name}-{digest}"
 
@@ -69,12 +76,13 @@ def build_tiny(cfg: Config) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=cfg.model.tiny_vocab, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(cfg), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                   additional_special_tokens=["<answer>", "</answer>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>", "<answer>", "</answer>"])
+    fast.chat_template = CHAT_TEMPLATE
     hidden = cfg.model.tiny_hidden
     mcfg = Qwen2Config(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
                        num_hidden_layers=cfg.model.tiny_layers, num_attention_heads=hidden // 64,
-                       num_key_value_heads=hidden // 64, head_dim=64, max_position_embeddings=1024,
+                       num_key_value_heads=hidden // 64, head_dim=64, max_position_embeddings=4096,
                        tie_word_embeddings=True, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
                        bos_token_id=fast.eos_token_id, rope_theta=10000.0)
     with torch.random.fork_rng(devices=[]):  # its own stream: building must not move the caller's

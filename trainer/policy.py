@@ -1,6 +1,7 @@
 """The trainable policy: log-prob recompute, the clipped IS-weighted update, the warm start.
 
-Rows are single turns: a prompt followed by the response, right-padded. The loss runs through
+Rows are whole episodes: one chat per row, right-padded, the mask on the assistant's tokens.
+Inputs may live on any device; they are moved once and results stay on the training device. The loss runs through
 freshper.kernels.fused_linear_policy_loss on the decoder's last hidden states and the LM head,
 so the (tokens, vocab) logits are never materialised (Triton policy-loss kernel on CUDA).
 Micro-batches are weighted so that the accumulated gradient equals that of one big batch under
@@ -49,15 +50,28 @@ def unpack(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def lr_lambda(schedule: str, warmup: int, total: int):
+    """Multiplier of the peak learning rate at optimizer step s: linear warm-up over `warmup`
+    steps, then constant or cosine down to 0 at step `total`."""
+    def f(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return f
+
+
 class Policy:
-    def __init__(self, model, cfg: Config, device: torch.device):
+    def __init__(self, model, cfg: Config, device: torch.device, total_steps: int = 1):
         self.model, self.cfg, self.device = model, cfg, device
         # Padding-free (varlen) training forward where the attention honours position-id restarts:
         # flash-attention 2 in transformers. sdpa and eager would attend across packed rows.
         self.packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
         a = cfg.algo
         self.opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, a.warmup)))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(a.lr_schedule, a.warmup_steps, total_steps))
         self.ref_model = None
         if a.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -73,73 +87,90 @@ class Policy:
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
     def logprobs(self, tokens: torch.Tensor, mask: torch.Tensor, model=None) -> torch.Tensor:
-        """(R, L) float32: log pi(token i | tokens < i) at response positions, 0 elsewhere."""
+        """(R, L) float32 on the training device: log pi(token i | tokens < i) at response
+        positions, 0 elsewhere."""
         model = model or self.model
         decoder, head = _parts(model)
-        out = torch.zeros(tokens.shape, dtype=torch.float32)
+        tokens, mask = tokens.to(self.device), mask.to(self.device)
+        out = torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
+        lengths = row_lengths(mask)
         for s in range(0, tokens.shape[0], self.cfg.algo.micro_batch):
-            tk, mk = tokens[s:s + self.cfg.algo.micro_batch], mask[s:s + self.cfg.algo.micro_batch]
-            n = int(row_lengths(mk).max())
-            tk, mk = tk[:, :n].to(self.device), mk[:, :n].to(self.device)
-            hidden = self._hidden(decoder, tk, row_lengths(mk))[:, :-1]
+            sl = slice(s, s + self.cfg.algo.micro_batch)
+            n = int(lengths[sl].max())
+            if n == 0:
+                continue
+            tk, mk = tokens[sl, :n].long(), mask[sl, :n]
+            hidden = self._hidden(decoder, tk, lengths[sl])[:, :-1]
             sel = mk[:, 1:]
             lp, _ = token_logprobs(hidden[sel], head, tk[:, 1:][sel])
-            block = torch.zeros(tk.shape[0], n - 1, dtype=torch.float32, device=self.device)
+            block = out[sl, 1:n]
             block[sel] = lp
-            out[s:s + tk.shape[0], 1:n] = block.cpu()
         return out
 
     # ------------------------------------------------------------------------- the update
     def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
-        and advantages `adv` (R,). Returns detached scalar stats."""
+        (None: all 1) and token advantages `adv` (R, L). Returns detached scalar stats and
+        "row_kl" (R,): the mean over each row's response tokens of old_logp - logp, an estimate
+        of the per-token KL(mu || pi) taken from this update's own log-probs."""
         a = self.cfg.algo
+        dev = self.device
+        tokens, mask, old_logp, adv = tokens.to(dev), mask.to(dev), old_logp.to(dev), adv.to(dev)
+        weights = None if weights is None else weights.to(dev).float()
+        tis_logp = tis_logp.to(dev) if (tis_logp is not None and a.tis_cap > 0) else None
         self.model.train()
         decoder, head = _parts(self.model)
         ref_logp = self.logprobs(tokens, mask, self.ref_model) if self.ref_model is not None else None
         lengths = row_lengths(mask)
-        active = lengths > 0
-        total_tok = int(mask[:, 1:].sum())
-        total_seq = int(mask[:, 1:].any(1).sum())
+        resp = mask[:, 1:]
+        total_tok = resp.sum()
+        total_seq = resp.any(1).sum()
         self.opt.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "clip_frac": 0.0, "ratio_mean": 0.0, "kl_mean": 0.0}
+        sums = torch.zeros(4, dtype=torch.float64, device=dev)  # loss, clip_frac, ratio_mean, kl_mean
+        row_kl = torch.zeros(tokens.shape[0], dtype=torch.float32, device=dev)
         for s in range(0, tokens.shape[0], a.micro_batch):
             sl = slice(s, s + a.micro_batch)
-            if not bool(active[sl].any()):
+            n = int(lengths[sl].max())  # the one host sync per micro-batch: the row width
+            if n == 0:
                 continue
-            n = int(lengths[sl].max())
-            tk, mk = tokens[sl, :n].to(self.device), mask[sl, :n].to(self.device)
-            hidden = self._hidden(decoder, tk, lengths[sl].to(self.device))[:, :-1]
-            micro_tok = int(mk[:, 1:].sum())
-            micro_seq = int(mk[:, 1:].any(1).sum())
-            share = micro_tok / max(total_tok, 1) if a.agg == "token-mean" else micro_seq / max(total_seq, 1)
-            opt = lambda t: None if t is None else t[sl, 1:n].to(self.device)  # noqa: E731
+            tk, mk = tokens[sl, :n].long(), mask[sl, :n]
+            hidden = self._hidden(decoder, tk, lengths[sl])[:, :-1]
+            micro_tok = mk[:, 1:].sum()
+            share = (micro_tok / total_tok.clamp_min(1) if a.agg == "token-mean"
+                     else mk[:, 1:].any(1).sum() / total_seq.clamp_min(1))
+            cut = lambda t: None if t is None else t[sl, 1:n]  # noqa: E731
             loss, st = fused_linear_policy_loss(
-                hidden, head, tk[:, 1:], old_logp[sl, 1:n].to(self.device), adv[sl].to(self.device), mk[:, 1:],
-                None if weights is None else weights[sl].to(self.device).float(),
-                clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, ref_logp=opt(ref_logp),
+                hidden, head, tk[:, 1:], old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
+                None if weights is None else weights[sl],
+                clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, ref_logp=cut(ref_logp),
                 kl_coef=a.kl_coef if ref_logp is not None else 0.0,
-                tis_logp=opt(tis_logp) if a.tis_cap > 0 else None, tis_cap=a.tis_cap if a.tis_cap > 0 else None,
-                return_stats=True)
+                tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True)
             (loss * share).backward()
-            sums["loss"] += float(loss.detach()) * share
-            for k in ("clip_frac", "ratio_mean", "kl_mean"):
-                sums[k] += float(st[k]) * micro_tok / max(total_tok, 1)
+            tok_share = micro_tok / total_tok.clamp_min(1)
+            sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
+                                 st["kl_mean"] * tok_share]).double()
+            m = mk[:, 1:].float()
+            row_kl[sl] = ((old_logp[sl, 1:n] - st["logp"]) * m).sum(1) / m.sum(1).clamp_min(1.0)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
-        if not math.isfinite(float(grad_norm)):
+        vals = torch.cat([sums, grad_norm.detach().double()[None], total_tok.double()[None]]).tolist()  # one sync
+        if not math.isfinite(vals[4]):
             self.opt.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient norm {float(grad_norm)}; lower algo.lr or check inputs")
+            raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
         self.opt.step()
         self.sched.step()
-        return {**sums, "grad_norm": float(grad_norm), "tokens": total_tok}
+        return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
+                "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl}
 
     # --------------------------------------------------------------------- warm start (SFT)
-    def warm_start(self, tokenizer, make_env, steps: int, lr: float, seed: int, batch: int = 32) -> list[float]:
-        """Supervised steps on prompts of random states answered by a uniformly random action in
-        the answer format. A random-initialised model cannot emit the format at all; this
-        teaches the format only, not the task (the actions are random)."""
+    def warm_start(self, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
+                   batch: int = 16) -> list[float]:
+        """Supervised steps on whole episodes (chats, as the rollout builds them) whose replies are
+        uniformly random actions in the answer format. A random-initialised model cannot emit
+        the format at all; this teaches the format only, not the task (the actions are random)."""
         if steps == 0:
             return []
+        from .chat import Episode
+
         rng = random.Random(seed + 7919)
         opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.model.train()
@@ -148,23 +179,23 @@ class Policy:
         for _ in range(steps):
             rows = []
             for _ in range(batch):
-                env.reset(rng.randrange(2**31))
-                for _ in range(rng.randrange(env.max_turns)):  # later turns too, not only the first
-                    env.step(f"<answer>{rng.choice(env.actions)}</answer>")
-                    if env.done:
-                        env.reset(rng.randrange(2**31))
+                ep = Episode(tokenizer, env.instruction, env.reset(rng.randrange(2**31)), env.max_turns, max_words)
+                while not env.done:
+                    reply = tokenizer(f"<answer>{rng.choice(env.actions)}</answer>", add_special_tokens=False)
+                    r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
+                    if not r.done and not ep.add_feedback(r.reward, r.observation, env.max_turns - env.turn,
+                                                          limit=max_len - max_words):
                         break
-                p = tokenizer(env.prompt(), add_special_tokens=False)["input_ids"]
-                r = tokenizer(f"<answer>{rng.choice(env.actions)}</answer>", add_special_tokens=False)["input_ids"]
-                rows.append((p, r))
-            width = max(len(p) + len(r) for p, r in rows)
+                rows.append(ep)
+            width = max(len(ep) for ep in rows)
             ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
             labels = torch.full((batch, width), -100, dtype=torch.long)
             attn = torch.zeros((batch, width), dtype=torch.long)
-            for i, (p, r) in enumerate(rows):
-                ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-                labels[i, len(p):len(p) + len(r)] = torch.tensor(r)
-                attn[i, :len(p) + len(r)] = 1
+            for i, ep in enumerate(rows):
+                t = torch.tensor(ep.ids)
+                ids[i, :len(ep)] = t
+                labels[i, :len(ep)] = torch.where(torch.tensor(ep.mask), t, -100)
+                attn[i, :len(ep)] = 1
             out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
                              labels=labels.to(self.device))
             opt.zero_grad(set_to_none=True)

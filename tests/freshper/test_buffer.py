@@ -301,3 +301,26 @@ def test_first_add_at_a_late_step(sampler):
     assert torch.isfinite(b.probs).all() and torch.isfinite(b.weights).all()
     torch.testing.assert_close(b.probs.double(), buf.probabilities()[b.indices])
     assert abs(float(buf.probabilities().sum()) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("sampler", CPU_SAMPLERS)
+def test_max_priority_insertion(sampler):
+    """add(None) inserts at the largest raw priority ever written (1 before any), which add and
+    update_priorities raise; it survives a save/load round trip."""
+    buf = ReplayBuffer(16, mode="per", alpha=1.0, eps=0.0, sampler=sampler)
+    buf.add(None, step=0, x=torch.zeros(2, 1))
+    assert buf.max_priority == 1.0
+    buf.add(torch.tensor([0.5, 3.0]), step=1, x=torch.zeros(2, 1))
+    buf.update_priorities(torch.tensor([0]), torch.tensor([7.0]))
+    assert buf.max_priority == 7.0
+    slots = buf.add(None, step=2, x=torch.zeros(1, 1))
+    p = buf.probabilities()
+    torch.testing.assert_close(p[slots], torch.tensor([7.0 / (7 + 1 + 0.5 + 3 + 7)], dtype=torch.float64))
+    sd = buf.state_dict()
+    other = ReplayBuffer(16, mode="per", alpha=1.0, eps=0.0, sampler=sampler)
+    other.load_state_dict(sd)
+    assert other.max_priority == 7.0
+    with pytest.raises(ValueError, match="priority=None"):
+        buf.add(None, step=3)
+    with pytest.raises(ValueError, match="step"):
+        buf.add(torch.ones(1))

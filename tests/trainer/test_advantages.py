@@ -19,3 +19,26 @@ def test_grpo_group_normalised_and_constant_groups_zero():
         advantages("grpo", r)
     with pytest.raises(ValueError, match="advantage"):
         advantages("gae", r)
+
+
+def test_reinforce_equals_grpo_on_outcome_rewards_and_groups_need_not_be_sorted():
+    r = torch.tensor([1.0, 5.0, 0.0, 5.0, 2.0])
+    g = torch.tensor([7, 3, 7, 3, 9])  # non-contiguous ids; 9 is a singleton
+    a = advantages("reinforce", r, g)
+    torch.testing.assert_close(a, torch.tensor([1.0, 0.0, -1.0, 0.0, 0.0]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(a, advantages("grpo", r, g))
+
+
+def test_shape_whitens_over_response_tokens_and_clips():
+    from freshper.trainer.advantages import shape
+
+    adv = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[True, True, False], [False, True, False]])
+    raw = shape(adv, mask, whiten=False, clip=0.0)
+    assert torch.equal(raw, torch.tensor([[2.0, 2.0, 0.0], [0.0, -1.0, 0.0]]))
+    w = shape(adv, mask, whiten=True, clip=0.0)
+    vals = w[mask].double()
+    assert abs(float(vals.mean())) < 1e-6 and abs(float(vals.std(unbiased=False)) - 1) < 1e-5
+    assert (w[~mask] == 0).all()
+    c = shape(adv, mask, whiten=True, clip=0.2)
+    assert float(c.abs().max()) == pytest.approx(0.2) and torch.equal(c.sign(), w.sign())

@@ -30,11 +30,12 @@ def test_bounds_smoothing_and_no_data():
 
 
 def test_freshper_auto_sets_the_buffer_tau(tmp_path):
-    cfg = config.load("tiny", None, {"algo.tau_auto": "true", "train.iterations": 3, "algo.tau_max": 777.0})
+    cfg = config.load("tiny", None, {"algo.tau_auto": "true", "train.iterations": 3, "algo.tau_max": 777.0,
+                                     "algo.insert_priority": "own"})  # own: replay reaches aged trajectories
     tr = Trainer(cfg, tmp_path / "auto")
     rows = tr.run()
     assert "tau" in rows[-1] and tr.buffer.tau == rows[-1]["tau"]
-    assert cfg.algo.tau_min <= rows[-1]["tau"] <= 777.0
+    assert cfg.algo.tau_min <= rows[-1]["tau"] <= 777.0 and rows[-1]["drift_rate"] is not None
     state = tr.drift.state()
     resumed = Trainer(cfg, tmp_path / "auto", resume=True)
     assert resumed.drift.state() == state and resumed.buffer.tau == tr.buffer.tau

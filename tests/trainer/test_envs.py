@@ -1,8 +1,10 @@
-"""Environment rules: symbols, rewards, invalid actions, level generation."""
+"""Environment rules: symbols, rewards, penalties apart from rewards, level generation."""
+import numpy as np
 import pytest
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from freshper.trainer.envs import ENVS, FrozenLake, Sokoban, make_env, parse_action
-from freshper.trainer.envs.frozenlake import _reachable
+from freshper.trainer.envs.frozenlake import reachable
 from freshper.trainer.envs.sokoban import solve
 
 
@@ -15,24 +17,23 @@ def test_parse_action():
     assert parse_action("<answer>Down", acts) is None
 
 
-def lake(rows):
-    env = FrozenLake(max_turns=5)
-    env.grid = [list(r) for r in rows]
-    env.pos = (0, 0)
-    env.turn, env.done, env.total_reward = 0, False, 0.0
+def lake(rows, max_turns=5):
+    env = FrozenLake(max_turns=max_turns)
+    env.gym = FrozenLakeEnv(desc=rows, is_slippery=False)
+    env.gym.reset(seed=0)
+    env.turn, env.done, env.total_reward, env.total_penalty = 0, False, 0.0, 0.0
     return env
 
 
 def test_frozenlake_symbols_and_goal():
-    env = lake(["SFFF", "FHFF", "FFFF", "FFFG"])
-    assert env.render() == "P___\n_O__\n____\n___G"
-    env.pos = (3, 2)
+    env = lake(["FFFF", "FHFF", "FFFF", "FFSG"])
+    assert env.render() == "____\n_O__\n____\n__PG"
     r = env.step("<answer>Right</answer>")
-    assert (r.reward, r.done, r.success, r.valid) == (1.0, True, True, True)
+    assert (r.reward, r.penalty, r.done, r.success, r.valid) == (1.0, 0.0, True, True, True)
     assert env.render().splitlines()[-1] == "___√"
 
 
-def test_frozenlake_hole_and_walls():
+def test_frozenlake_hole_and_edges():
     env = lake(["SFFF", "HFFF", "FFFF", "FFFG"])
     r = env.step("<answer>Up</answer>")  # off the map: stays
     assert env.pos == (0, 0) and r.reward == 0.0 and not r.done
@@ -41,37 +42,42 @@ def test_frozenlake_hole_and_walls():
     assert env.render().splitlines()[1][0] == "X"
 
 
-def test_invalid_action_keeps_state_pays_penalty_and_counts():
+def test_invalid_answer_keeps_state_counts_and_pays_the_penalty_apart():
     env = lake(["SFFF", "FFFF", "FFFF", "FFFG"])
     before = env.render()
     r = env.step("I go down")
-    assert not r.valid and r.reward == -0.15 and env.render() == before and env.turn == 1
+    assert not r.valid and r.reward == 0.0 and r.penalty == -0.15 and env.render() == before and env.turn == 1
     for _ in range(4):
         r = env.step("<answer>Fly</answer>")
-    assert r.done and env.turn == 5 and env.total_reward == pytest.approx(-0.75)
+    assert r.done and env.turn == 5 and env.total_reward == 0.0 and env.total_penalty == pytest.approx(-0.75)
     with pytest.raises(RuntimeError):
         env.step("<answer>Down</answer>")
 
 
-def test_frozenlake_maps_seeded_and_solvable():
+def test_frozenlake_maps_random_start_and_goal_reachable_and_seeded():
     env = make_env("frozenlake")
+    starts, goals = set(), set()
     for seed in range(200):
         env.reset(seed)
-        assert _reachable(env.grid)
+        desc = env.gym.desc.astype(str)
+        s = tuple(np.argwhere(desc == "S")[0])
+        starts.add(s)
+        goals.add(tuple(np.argwhere(desc == "G")[0]))
+        assert reachable(desc, s) and env.pos == s
+    assert len(starts) > 8 and len(goals) > 8, "start and goal are drawn at random"
     a, b = make_env("frozenlake"), make_env("frozenlake")
     assert a.reset(5) == b.reset(5)
     assert sum(make_env("frozenlake").reset(s) != a.reset(5) for s in range(20)) >= 18
-    prompt = a.prompt()
-    assert "Turn 1, actions left 8." in prompt and "<answer>Action</answer>" in prompt and a.render() in prompt
+    assert "<answer>Right</answer>" in a.instruction and "P: player" in a.instruction and "Left, Down" in a.instruction
 
 
 def soko(rows):
     env = Sokoban(max_turns=10, size=len(rows))
-    env.walls = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch == "#"}
+    env.floor = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch != "#"}
     env.targets = frozenset((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "O√S")
     env.boxes = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "X√"}
     env.player = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PS")
-    env.turn, env.done, env.total_reward = 0, False, 0.0
+    env.turn, env.done, env.total_reward, env.total_penalty = 0, False, 0.0, 0.0
     return env
 
 
@@ -82,12 +88,10 @@ def test_sokoban_render_round_trip():
 
 
 def test_sokoban_rewards():
-    env = soko(["######", "#_P__#", "#_X__#", "#_O__#", "#_O__#", "#_X__#", "######"][:6])
-    # push the first box down onto the target: -0.1 + 1, not solved (a second box is off target)
     env = soko(["######", "#_P__#", "#_X__#", "#_O__#", "#_XO_#", "######"])
     r = env.step("<answer>Down</answer>")
     assert r.reward == pytest.approx(0.9) and not r.done
-    r = env.step("<answer>Down</answer>")  # pushes it off again, into the other box? blocked
+    r = env.step("<answer>Down</answer>")  # blocked by the other box
     assert r.reward == pytest.approx(-0.1)
     env = soko(["######", "#_P__#", "#_X__#", "#_O__#", "#____#", "######"])
     r = env.step("<answer>Down</answer>")
@@ -98,20 +102,27 @@ def test_sokoban_rewards():
     env = soko(["######", "#P___#", "#_X__#", "#_O__#", "#____#", "######"])
     r = env.step("<answer>Up</answer>")  # wall
     assert r.reward == pytest.approx(-0.1) and env.player == (1, 1)
+    r = env.step("no answer")  # the step reward, and the format penalty apart
+    assert (r.reward, r.penalty, r.valid) == (pytest.approx(-0.1), -0.15, False)
 
 
-@pytest.mark.parametrize("size,boxes", [(6, 1), (8, 2)])
-def test_generated_levels_are_solvable_within_the_limit(size, boxes):
-    for seed in range(40):
-        env = make_env("sokoban", size=size, boxes=boxes)
+@pytest.mark.parametrize("size,boxes,depth", [(6, 1, 300), (8, 2, 10)])
+def test_generated_levels_are_solvable_unsolved_and_seeded(size, boxes, depth):
+    lengths = []
+    for seed in range(30):
+        env = make_env("sokoban", size=size, boxes=boxes, search_depth=depth)
         env.reset(seed)
-        assert not env.solved()
-        path = solve(env.walls, env.targets, env.boxes, env.player, env.max_turns)
-        assert path and len(path) <= env.max_turns
-        for a in path:
-            r = env.step(f"<answer>{a}</answer>")
-        assert r.success and r.done
-        assert env.render().count("X") == 0
+        assert not env.solved() and not (env.boxes & env.targets), "every target starts uncovered"
+        assert all(0 < r < size - 1 and 0 < c < size - 1 for r, c in env.floor), "the border is wall"
+        path = solve(env.floor, env.targets, env.boxes, env.player, 60)
+        assert path, "reverse play only makes solvable levels"
+        lengths.append(len(path))
+        if len(path) <= env.max_turns:
+            for a in path:
+                r = env.step(f"<answer>{a}</answer>")
+            assert r.success and r.done
+    assert make_env("sokoban", size=size, boxes=boxes).reset(3) == make_env("sokoban", size=size, boxes=boxes).reset(3)
+    assert len(set(lengths)) > 2
 
 
 def test_registry():

@@ -130,3 +130,40 @@ def test_profile_on_cpu_writes_a_chrome_trace_with_phase_ranges(tmp_path, capsys
         assert phase in names, phase
     with pytest.raises(SystemExit):
         main(["profile", "--preset", "tiny", "--iterations", "5:2"])
+
+
+def test_evaluation_rows_and_evaluation_does_not_change_training(tmp_path):
+    over = {"train.iterations": 3, "rollout.episodes": 4, "eval.episodes": 3}
+    with_eval = Trainer(config.load("tiny", None, {**over, "eval.every": 2}), tmp_path / "e").run()
+    without = Trainer(config.load("tiny", None, {**over, "eval.every": 0}), tmp_path / "n").run()
+    assert [("eval_success" in r) for r in with_eval] == [True, False, True]  # every 2, and the last
+    for r in with_eval:
+        if "eval_success" in r:
+            assert 0 <= r["eval_success"] <= 1 and r["eval_score"] <= 1
+    strip = lambda r: {k: v for k, v in stable(r).items() if not k.startswith("eval_")}  # noqa: E731
+    assert [strip(r) for r in with_eval] == [strip(r) for r in without]
+
+
+def test_resume_with_other_buffer_settings_names_them(tmp_path):
+    cfg = config.load("tiny", None, {"train.iterations": 1})
+    Trainer(cfg, tmp_path / "r").run()
+    other = config.load("tiny", None, {"train.iterations": 2, "algo.capacity": 64, "algo.alpha": 0.7})
+    with pytest.raises(ValueError, match="algo.capacity is 32 in the checkpoint, 64 now.*algo.alpha"):
+        Trainer(other, tmp_path / "r", resume=True)
+
+
+@pytest.mark.parametrize("is_weights,insert,expect_weights,expect_update", [
+    (False, "max", False, True), (True, "own", True, False)])
+def test_is_weights_and_priority_updates_follow_the_options(tmp_path, monkeypatch, is_weights, insert,
+                                                            expect_weights, expect_update):
+    cfg = config.load("tiny", None, {"train.iterations": 1, "algo.is_weights": str(is_weights),
+                                     "algo.insert_priority": insert})
+    tr = Trainer(cfg, tmp_path / "w")
+    seen, updates = [], []
+    update = tr.policy.update
+    monkeypatch.setattr(tr.policy, "update", lambda *a, **k: seen.append(a[4]) or update(*a, **k))
+    monkeypatch.setattr(tr.buffer, "update_priorities", lambda *a, **k: updates.append(a))
+    tr.run()
+    assert seen[0] is None  # the on-policy update never has IS weights
+    assert (seen[1] is not None) == expect_weights
+    assert bool(updates) == expect_update

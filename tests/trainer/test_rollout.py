@@ -1,12 +1,16 @@
-"""Rollout bookkeeping on the tiny model: masks, tokens and log-probs line up."""
+"""Rollout bookkeeping on the tiny model: one chat per episode; masks, tokens and log-probs line up."""
+import pytest
 import torch
 
 from freshper.trainer import config
+from freshper.trainer.chat import Episode
+from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.loop import _rows
 from freshper.trainer.model import env_kwargs, load_policy
 from freshper.trainer.policy import Policy, row_lengths
 from freshper.trainer.rollout import rollout
+
+FULL = Sampling(1.0, 1.0, 0)  # the untruncated distribution: engine and trainer log-probs agree
 
 
 def setup(preset="tiny", **over):
@@ -16,53 +20,75 @@ def setup(preset="tiny", **over):
     return cfg, model, tok
 
 
-def test_masks_and_logprobs_line_up_with_generated_tokens():
+def test_one_chat_per_episode_with_masks_and_logprobs_in_line():
     cfg, model, tok = setup()
     engine = HFEngine(model, tok)
-    traj = rollout(engine, tok, "frozenlake", env_kwargs(cfg), [11, 12], 2, cfg.rollout.max_new_tokens,
-                   cfg.rollout.max_len, 1.0)
-    E, T, L = traj.tokens.shape
-    assert (E, T) == (4, cfg.env.max_turns)
-    assert traj.env_steps == int(traj.turns.sum())
-    assert traj.gen_tokens == int(traj.mask.sum())
+    ep = rollout(engine, tok, "frozenlake", env_kwargs(cfg), [11, 12], 2, cfg.rollout.max_new_tokens,
+                 cfg.rollout.max_len, FULL)
+    E, L = ep.tokens.shape
+    assert (E, L) == (4, cfg.rollout.max_len)
+    assert ep.env_steps == int(ep.turns.sum()) and ep.gen_tokens == int(ep.mask.sum())
     for e in range(E):
-        for k in range(T):
-            m = traj.mask[e, k]
-            assert m.any() == (k < traj.turns[e])
-            if not m.any():
-                assert (traj.tokens[e, k] == tok.pad_token_id).all()
-                continue
-            idx = m.nonzero().squeeze(1)
-            assert (idx.diff() == 1).all(), "a response is one contiguous span"
-            start, end = int(idx[0]), int(idx[-1]) + 1
-            assert (traj.tokens[e, k, end:] == tok.pad_token_id).all()
-            assert (traj.tokens[e, k, :start] != tok.pad_token_id).all()
-            assert (traj.engine_logp[e, k][~m] == 0).all() and (traj.engine_logp[e, k][m] < 0).all()
-    # the episodes of one group start from the same state
-    assert torch.equal(traj.tokens[0, 0, :20], traj.tokens[1, 0, :20])
+        m = ep.mask[e]
+        n = int(row_lengths(m[None])[0])
+        assert (ep.tokens[e, n:] == tok.pad_token_id).all()
+        # one contiguous span of assistant tokens per turn taken
+        starts = int((m[1:] & ~m[:-1]).sum()) + int(m[0])
+        assert starts == int(ep.turns[e])
+        assert (ep.engine_logp[e][~m] == 0).all() and (ep.engine_logp[e][m] < 0).all()
+        text = tok.decode(ep.tokens[e, :n])
+        assert text.startswith("<|im_start|>system\nYou're a helpful assistant.")
+        assert "Turn 0:\nState:" in text and "You are solving the FrozenLake puzzle" in text
+        if ep.turns[e] > 1:
+            assert "Reward:\n" in text and "Turn 1:\nState:" in text
+    first = [tok.decode(ep.tokens[e][~ep.mask[e]][:200]) for e in range(2)]
+    assert first[0] == first[1], "the episodes of one group start from the same state"
     policy = Policy(model, cfg, torch.device("cpu"))
-    tokens, mask, elogp = _rows(traj.tokens, traj.mask, traj.engine_logp)
-    recomputed = policy.logprobs(tokens, mask)
-    # kv-cached sampling vs one full forward: float32 rounding only
-    torch.testing.assert_close(recomputed[mask], elogp[mask], atol=1e-4, rtol=1e-4)
-    assert (recomputed[~mask] == 0).all()
-    assert (row_lengths(mask) == torch.tensor([int(m.nonzero().max()) + 1 for m in mask])).all()
+    recomputed = policy.logprobs(ep.tokens, ep.mask)
+    # kv-cached sampling vs one full forward over the whole chat: float32 rounding only
+    torch.testing.assert_close(recomputed[ep.mask], ep.engine_logp[ep.mask], atol=1e-4, rtol=1e-4)
+    assert (recomputed[~ep.mask] == 0).all()
+    assert (ep.score == ep.reward + ep.penalty).all() and (ep.penalty <= 0).all()
 
 
-def test_rollout_is_seeded():
+def test_episode_tokens_are_the_generated_ones_and_the_template_only_appends():
+    cfg, model, tok = setup()
+    ep = Episode(tok, "Rules.", "P_\n_G", 3, 8)
+    reply = tok("<answer>Right</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    n = len(ep)
+    assert ep.add_reply(reply, [-0.5] * len(reply)) == "<answer>Right</answer>"
+    assert ep.ids[n:] == reply and ep.mask[n:] == [True] * len(reply)
+    ep.add_feedback(-0.1, "_P\n_G", 2)
+    assert ep.ids[:n + len(reply)] == ep.ids[:n] + reply
+    full = tok.apply_chat_template(ep.messages, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ep.ids) == full and "Reward:\n-0.1\nTurn 1:" in full
+    with pytest.raises(ValueError, match="log-probs"):
+        ep.add_reply([1, 2], [0.0])
+
+
+def test_rollout_is_seeded_and_top_k_logprobs_are_the_sampling_distributions():
     cfg, model, tok = setup()
     engine = HFEngine(model, tok)
     runs = []
     for _ in range(2):
         torch.manual_seed(3)
         runs.append(rollout(engine, tok, "sokoban", {"max_turns": 2, "size": 6, "boxes": 1}, [5], 2,
-                            cfg.rollout.max_new_tokens, 600, 1.0))
+                            cfg.rollout.max_new_tokens, 900, Sampling(1.0, 1.0, 2)))
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].reward, runs[1].reward)
+    # top-k 2: each sampled token had probability >= 1/2 under the processed distribution of the top 2
+    lp = runs[0].engine_logp[runs[0].mask]
+    assert (lp >= torch.log(torch.tensor(0.5)) - 1e-5).sum() >= len(lp) / 2
 
 
-def test_max_len_too_small_is_a_clear_error():
+def test_a_full_context_ends_the_episode_and_never_cuts_tokens():
     cfg, model, tok = setup()
-    import pytest
-
+    engine = HFEngine(model, tok)
+    probe = rollout(engine, tok, "frozenlake", env_kwargs(cfg), [1], 1, 8, 640, FULL)
+    first = int(row_lengths(probe.mask)[0]) - int(probe.mask[0].sum()) // max(int(probe.turns[0]), 1)
+    small = first + 8 + 20  # room for the first turn only
+    ep = rollout(engine, tok, "frozenlake", {**env_kwargs(cfg), "max_turns": 10}, [1, 2], 1, 8, small, FULL)
+    ended = ep.context_ended
+    assert ended.any() and (ep.turns[ended] >= 1).all()
+    assert (row_lengths(ep.mask) <= small).all()
     with pytest.raises(ValueError, match="rollout.max_len"):
-        rollout(HFEngine(model, tok), tok, "frozenlake", env_kwargs(cfg), [1], 1, 8, 20, 1.0)
+        rollout(engine, tok, "frozenlake", env_kwargs(cfg), [1], 1, 8, 20, FULL)

@@ -11,14 +11,20 @@ if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
 from freshper.trainer import config  # noqa: E402
-from freshper.trainer.loop import Trainer, _rows  # noqa: E402
+from freshper.trainer.chat import Episode  # noqa: E402
+from freshper.trainer.engines.base import Sampling  # noqa: E402
+from freshper.trainer.loop import Trainer  # noqa: E402
 from freshper.trainer.rollout import rollout  # noqa: E402
+
+GREEDY = Sampling(0.0, 1.0, 0)
+FULL = Sampling(1.0, 1.0, 0)  # the untruncated distribution: engine and trainer log-probs agree
 
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     cfg = config.load("tiny", None, {"rollout.engine": "vllm", "train.iterations": 1, "rollout.episodes": 8,
-                                     "train.sft_steps": 5})
+                                     "train.sft_steps": 5, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+                                     "rollout.top_k": 0, "eval.every": 1})
     tr = Trainer(cfg, tmp_path_factory.mktemp("vllm") / "run")
     yield tr
     tr.__dict__.pop("engine", None)
@@ -32,8 +38,7 @@ def prompts(tr, n=6):
     env = make_env(tr.cfg.env.name, **env_kwargs(tr.cfg))
     out = []
     for s in range(n):
-        env.reset(100 + s)
-        out.append(tr.tok(env.prompt(), add_special_tokens=False)["input_ids"])
+        out.append(Episode(tr.tok, env.instruction, env.reset(100 + s), env.max_turns, 8).ids)
     return out
 
 
@@ -43,14 +48,15 @@ def test_one_training_iteration_with_vllm(trainer):
     # engine and trainer log-probs of the sampled tokens agree (recorded by the loop)
     assert rows[0]["engine_trainer_logp_maxdiff"] < 1e-3
     assert rows[0]["weight_sync_s"] > 0
+    assert 0 <= rows[0]["eval_success"] <= 1, "the validation rollout ran through vLLM too"
 
 
 def test_logprobs_agree_with_the_trainer(trainer):
     torch.manual_seed(0)
-    traj = rollout(trainer.engine, trainer.tok, "frozenlake", {"max_turns": 2}, [7, 8], 2,
-                   trainer.cfg.rollout.max_new_tokens, trainer.cfg.rollout.max_len, 1.0)
-    tokens, mask, elogp = _rows(traj.tokens, traj.mask, traj.engine_logp)
-    recomputed = trainer.policy.logprobs(tokens, mask)
+    ep = rollout(trainer.engine, trainer.tok, "frozenlake", {"max_turns": 2}, [7, 8], 2,
+                 trainer.cfg.rollout.max_new_tokens, trainer.cfg.rollout.max_len, FULL)
+    mask, elogp = ep.mask, ep.engine_logp
+    recomputed = trainer.policy.logprobs(ep.tokens, mask).cpu()
     assert mask.sum() > 0
     # vLLM's CPU kernels and the trainer's sdpa forward, both float32: 1e-4 absolute
     torch.testing.assert_close(recomputed[mask], elogp[mask], atol=1e-4, rtol=0)
@@ -58,13 +64,13 @@ def test_logprobs_agree_with_the_trainer(trainer):
 
 def test_weight_sync_changes_outputs_like_a_fresh_engine(trainer, tmp_path):
     ps = prompts(trainer)
-    before = trainer.engine.generate(ps, 6, 0.0).token_ids
+    before = trainer.engine.generate(ps, 6, GREEDY).token_ids
     with torch.no_grad():
         g = torch.Generator().manual_seed(1)
         for p in trainer.model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.5)
     seconds = trainer.engine.sync_weights(trainer.model)
-    after = trainer.engine.generate(ps, 6, 0.0)
+    after = trainer.engine.generate(ps, 6, GREEDY)
     assert after.token_ids != before, "greedy outputs did not change after the weight sync"
     assert seconds < 30
 

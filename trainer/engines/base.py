@@ -16,14 +16,29 @@ class Generation:
     logprobs: list[list[float]]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How replies are sampled. temperature 0 is greedy; top_k 0 and top_p 1 switch those
+    filters off. The recorded log-probs are those of this (processed) distribution."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
 class Engine(ABC):
     """Samples responses with per-token log-probs; keeps its weights equal to the trainer's."""
 
     name = "engine"
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Generation:
-        """Sample one response per prompt (token ids), from the full distribution at `temperature`."""
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
+        """Sample one reply per prompt (token ids) as `sampling` says, with the log-prob of each
+        token under that sampling distribution."""
 
     @abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> float:

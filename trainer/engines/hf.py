@@ -1,8 +1,8 @@
 """Generation with transformers' `generate` on the training model itself.
 
-The engine holds the very module the optimizer updates, so weight sync is free; it samples from
-the full distribution (top_k=0, top_p=1) so that the recorded log-probs are those of the
-behaviour policy, and reads them from the raw logits of each step.
+The engine holds the very module the optimizer updates, so weight sync is free. The recorded
+log-probs are those of the sampling distribution after temperature, top-k and top-p (the
+processed scores of each step): the behaviour policy the replay ratio needs.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..model import stop_token_ids
-from .base import Engine, Generation
+from .base import Engine, Generation, Sampling
 
 
 class HFEngine(Engine):
@@ -22,7 +22,7 @@ class HFEngine(Engine):
         self.stops = stop_token_ids(tokenizer)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Generation:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
         if not prompts:
             return Generation([], [])
         device = next(self.model.parameters()).device
@@ -37,16 +37,19 @@ class HFEngine(Engine):
         self.model.eval()
         # A fresh GenerationConfig: a hub model's own defaults (top-k, top-p, repetition penalty)
         # would make the sampling distribution differ from the logits we record.
-        gen_cfg = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                                   repetition_penalty=1.0, max_new_tokens=max_new_tokens, eos_token_id=self.stops,
-                                   pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+        s = sampling
+        kw = dict(do_sample=False) if s.greedy else dict(do_sample=True, temperature=s.temperature, top_k=s.top_k,
+                                                          top_p=s.top_p)
+        gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+                                   eos_token_id=self.stops, pad_token_id=pad, output_scores=True,
+                                   return_dict_in_generate=True)
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
         self.model.train(was_training)
         new_dev = out.sequences[:, width:]
         # One step at a time on the device, keeping only the sampled token's log-prob: never a
         # (B, steps, V) float copy, which at V = 152k is gigabytes.
-        logp = torch.stack([torch.log_softmax(step.float() / temperature, -1).gather(-1, new_dev[:, j, None])[:, 0]
-                            for j, step in enumerate(out.logits)], 1).cpu()
+        logp = torch.stack([torch.log_softmax(step.float(), -1).gather(-1, new_dev[:, j, None])[:, 0]
+                            for j, step in enumerate(out.scores)], 1).cpu()
         new = new_dev.cpu()
         token_ids, logprobs = [], []
         for i in range(len(prompts)):

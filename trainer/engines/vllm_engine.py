@@ -23,7 +23,7 @@ import time
 import torch
 
 from ..model import pick_dtype, stop_token_ids
-from .base import Engine, Generation
+from .base import Engine, Generation, Sampling
 
 log = logging.getLogger("freshper")
 
@@ -103,14 +103,16 @@ class VLLMEngine(Engine):
         # The trainer's weights may already differ from the files (warm start, resume).
         self.sync_weights(model)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Generation:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
         if not prompts:
             return Generation([], [])
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
-        params = [SamplingParams(temperature=temperature, top_k=-1 if temperature > 0 else 1, top_p=1.0,
+        g = sampling.greedy
+        params = [SamplingParams(temperature=0.0 if g else sampling.temperature, top_k=sampling.top_k if
+                                 sampling.top_k > 0 and not g else 0, top_p=1.0 if g else sampling.top_p,
                                  max_tokens=max_new_tokens, logprobs=0, stop_token_ids=self.stops, seed=s,
                                  skip_special_tokens=False, detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)

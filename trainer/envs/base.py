@@ -1,24 +1,25 @@
 """The environment interface, action parsing, and the registry.
 
-Environments are plain Python classes: `reset(seed) -> observation text` and
-`step(response text) -> StepResult`. The response must hold one action inside
-<answer>...</answer>; anything else is invalid: the state stays, the format penalty is paid,
-and the turn counts as a step. Prompts are Markov: each turn's prompt carries the rules, the
-turn, the actions left, the current state and the answer format, so a trajectory is a list of
-(prompt, response) turns rather than one ever-growing conversation.
+Environments are plain Python classes: `reset(seed) -> state text` and
+`step(response text) -> StepResult`. The response must name one action inside
+<answer>...</answer>; anything else is invalid: the state stays, the turn counts, and the
+format penalty is paid. The penalty is kept apart from the environment's reward, as in the
+paper's code: the training return adds it, the priority and the reported score do not.
+How the conversation around the states is worded lives in trainer/chat.py.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-ANSWER_RE = re.compile(r"<answer>\s*([A-Za-z]+)\s*</answer>")
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass
 class StepResult:
     observation: str
-    reward: float
+    reward: float  # the environment's reward, format penalty excluded
+    penalty: float  # the format penalty (<= 0) if the answer was invalid, else 0
     done: bool
     valid: bool
     success: bool
@@ -26,11 +27,12 @@ class StepResult:
 
 
 def parse_action(text: str, actions: tuple[str, ...]) -> str | None:
-    """The action named in the first <answer>...</answer> of `text`, case-insensitive, or None."""
+    """The action named in the first <answer>...</answer> of `text` (case-insensitive, spaces
+    ignored), or None."""
     m = ANSWER_RE.search(text)
     if not m:
         return None
-    word = m.group(1).lower()
+    word = m.group(1).strip().lower()
     for a in actions:
         if a.lower() == word:
             return a
@@ -38,12 +40,12 @@ def parse_action(text: str, actions: tuple[str, ...]) -> str | None:
 
 
 class TextEnv:
-    """Base class: subclasses set `name`, `actions`, `rules` and implement `_reset`, `_move`,
-    `render`, `solved`, `failed`."""
+    """Base class: subclasses set `name`, `actions`, `instruction` and implement `_reset`,
+    `_move` (-> reward), `_invalid_reward`, `render`, `solved`, `failed`."""
 
     name = "env"
     actions: tuple[str, ...] = ()
-    rules = ""
+    instruction = ""  # rules, symbol legend and action list: the first user message
 
     def __init__(self, max_turns: int, format_penalty: float = -0.15):
         if max_turns <= 0:
@@ -53,19 +55,19 @@ class TextEnv:
         self.turn = 0
         self.done = True
         self.total_reward = 0.0
+        self.total_penalty = 0.0
 
     def reset(self, seed: int) -> str:
         self._reset(seed)
         self.turn = 0
         self.done = False
         self.total_reward = 0.0
+        self.total_penalty = 0.0
         return self.render()
 
-    def prompt(self) -> str:
-        """The text the policy sees this turn."""
-        left = self.max_turns - self.turn
-        return (f"{self.rules}\nTurn {self.turn + 1}, actions left {left}.\nState:\n{self.render()}\n"
-                f"Answer with one of {', '.join(self.actions)} as <answer>Action</answer>.\n")
+    def _invalid_reward(self) -> float:
+        """Environment reward of a turn whose answer did not parse (the penalty comes on top)."""
+        return 0.0
 
     def step(self, text: str) -> StepResult:
         if self.done:
@@ -73,13 +75,20 @@ class TextEnv:
         action = parse_action(text, self.actions)
         self.turn += 1
         if action is None:
-            reward, valid = self.format_penalty, False
+            reward, penalty, valid = self._invalid_reward(), self.format_penalty, False
         else:
-            reward, valid = self._move(action), True
+            reward, penalty, valid = self._move(action), 0.0, True
         success = self.solved()
         self.done = success or self.failed() or self.turn >= self.max_turns
         self.total_reward += reward
-        return StepResult(self.render(), reward, self.done, valid, success, {"action": action})
+        self.total_penalty += penalty
+        return StepResult(self.render(), reward, penalty, self.done, valid, success, {"action": action})
+
+
+def legend(symbols: dict[str, str], actions) -> str:
+    """The symbol and action lines the paper's code appends to each instruction."""
+    return ("\nThe meaning of each symbol in the state is:\n" + ", ".join(f"{k}: {v}" for k, v in symbols.items())
+            + "\nYour available actions are:\n" + ", ".join(actions))
 
 
 ENVS: dict[str, type] = {}

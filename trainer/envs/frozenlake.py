@@ -1,82 +1,97 @@
-"""FrozenLake on random 4x4 maps, non-slippery, as text.
+"""FrozenLake as in the paper's code: random maps with random start and goal, non-slippery.
 
+Dynamics are gymnasium's FrozenLakeEnv (is_slippery=False). Maps: each tile is frozen with
+probability p (0.8), start and goal are drawn uniformly at random and distinct, and a map is
+redrawn until the goal is reachable from the start. gymnasium's own `is_valid` searches from
+(0, 0) only, which is right for its fixed top-left start but not for a random one, so the
+reachability check here starts from S. Reward 1 at the goal; a hole ends the episode; an
+invalid answer leaves the state, scores 0 and pays the format penalty.
 Symbols: P player, _ frozen, O hole, G goal, X player in a hole, √ player on the goal.
-The player starts top-left and the goal is bottom-right; each tile other than those two is
-frozen with probability p (default 0.8), and a map is redrawn until a path exists. Reward 1 on
-reaching the goal, else 0 (plus the format penalty for an unparseable answer).
 """
 from __future__ import annotations
 
-import random
+import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
-from .base import TextEnv, register
+from .base import TextEnv, legend, register
 
-MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-
-
-def random_map(size: int, p: float, rng: random.Random) -> list[list[str]]:
-    """A size x size map of 'F' (frozen), 'H' (hole), 'S', 'G' with a path from S to G."""
-    while True:
-        grid = [["F" if rng.random() < p else "H" for _ in range(size)] for _ in range(size)]
-        grid[0][0], grid[-1][-1] = "S", "G"
-        if _reachable(grid):
-            return grid
+ACTIONS = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0..3
+SYMBOLS = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
 
 
-def _reachable(grid) -> bool:
-    n = len(grid)
-    seen, stack = {(0, 0)}, [(0, 0)]
+def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
+    """Whether G can be reached from `start` through non-hole tiles."""
+    n = board.shape[0]
+    seen, stack = {start}, [start]
     while stack:
         r, c = stack.pop()
-        if grid[r][c] == "G":
+        if board[r, c] == "G":
             return True
-        for dr, dc in MOVES.values():
+        for dr, dc in ((1, 0), (0, 1), (-1, 0), (0, -1)):
             rr, cc = r + dr, c + dc
-            if 0 <= rr < n and 0 <= cc < n and (rr, cc) not in seen and grid[rr][cc] != "H":
+            if 0 <= rr < n and 0 <= cc < n and (rr, cc) not in seen and board[rr, cc] != "H":
                 seen.add((rr, cc))
                 stack.append((rr, cc))
     return False
 
 
+def random_map(size: int, p: float, seed: int) -> list[str]:
+    """A size x size map of F (frozen), H (hole), one S and one G, with a path from S to G."""
+    rng = np.random.default_rng(seed)
+    while True:
+        board = rng.choice(np.array(["F", "H"]), (size, size), p=[p, 1 - p])
+        s, g = tuple(rng.integers(size, size=2)), tuple(rng.integers(size, size=2))
+        if s == g:
+            continue
+        board[s], board[g] = "S", "G"
+        if reachable(board, s):
+            return ["".join(row) for row in board]
+
+
 @register
 class FrozenLake(TextEnv):
     name = "frozenlake"
-    actions = tuple(MOVES)
-    rules = "FrozenLake. Walk P to G, avoid holes O. Symbols: P player, _ ice, O hole, G goal."
+    actions = ACTIONS
+    instruction = ("You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to the "
+                   "unintended direction due to the slippery ice. The answer must be one of action in a turn, format "
+                   "is <answer>Right</answer>" + legend(SYMBOLS, ACTIONS))
 
-    def __init__(self, max_turns: int = 8, format_penalty: float = -0.15, size: int = 4, p: float = 0.8):
+    def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8):
         super().__init__(max_turns, format_penalty)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
         self.size, self.p = size, p
-        self.grid: list[list[str]] = []
-        self.pos = (0, 0)
+        self.gym: FrozenLakeEnv | None = None
 
     def _reset(self, seed: int) -> None:
-        self.grid = random_map(self.size, self.p, random.Random(seed))
-        self.pos = (0, 0)
+        self.gym = FrozenLakeEnv(desc=random_map(self.size, self.p, seed), is_slippery=False)
+        self.gym.reset(seed=seed)
 
     def _move(self, action: str) -> float:
-        dr, dc = MOVES[action]
-        r, c = self.pos[0] + dr, self.pos[1] + dc
-        if 0 <= r < self.size and 0 <= c < self.size:
-            self.pos = (r, c)
-        return 1.0 if self.solved() else 0.0
+        _, reward, _, _, _ = self.gym.step(ACTIONS.index(action))
+        return float(reward)
+
+    @property
+    def pos(self) -> tuple[int, int]:
+        return divmod(int(self.gym.s), self.size)
+
+    def tile(self) -> bytes:
+        return self.gym.desc[self.pos]
 
     def solved(self) -> bool:
-        return self.grid[self.pos[0]][self.pos[1]] == "G"
+        return self.tile() == b"G"
 
     def failed(self) -> bool:
-        return self.grid[self.pos[0]][self.pos[1]] == "H"
+        return self.tile() == b"H"
 
     def render(self) -> str:
         rows = []
-        for r, row in enumerate(self.grid):
+        for r, row in enumerate(self.gym.desc):
             out = []
-            for c, tile in enumerate(row):
+            for c, t in enumerate(row):
                 if (r, c) == self.pos:
-                    out.append({"H": "X", "G": "√"}.get(tile, "P"))
+                    out.append({b"H": "X", b"G": "√"}.get(t, "P"))
                 else:
-                    out.append({"H": "O", "G": "G"}.get(tile, "_"))
+                    out.append({b"H": "O", b"G": "G"}.get(t, "_"))
             rows.append("".join(out))
         return "\n".join(rows)

@@ -1,23 +1,121 @@
-"""Sokoban as text, with levels made by reverse play and checked by a solver.
+"""Sokoban as text, with levels generated the way gym-sokoban (and the paper's code) does.
+
+Level generation, per seed:
+1. Room topology: a random walk of int(1.7 (w + h)) steps from a random interior cell, turning
+   with probability 0.35 per step and carving one of five small 3x3 floor masks at each cell;
+   the border stays wall.
+2. The player, then `boxes` targets, on random floor cells (boxes start on their targets).
+3. Reverse play: a depth-first search (depth `search_depth`, at most 300,000 states) over moves
+   in which the player may pull a box it walks away from. Each state scores
+   (number of times the pulled box changed) x (sum of Manhattan distances of boxes from their
+   targets), and 0 unless every target is uncovered; the best-scoring state is the level.
+4. Up to 4 topologies are tried for a positive score; then the player takes 1-3 random steps
+   (with probability 0.8 when the displacement is 1, else 0.5) so it does not always stand
+   next to a box.
+Levels are therefore solvable, but not necessarily within the action limit.
 
 Symbols: # wall, _ empty, O target, √ box on target, X box, P player, S player on target.
-Rewards: -0.1 per step, +1 for a box pushed onto a target, -1 for one pushed off, +10 when
-solved. A level starts solved (boxes on targets); the player then walks and *pulls* boxes at
-random, which only ever reaches states from which the pushes back are possible. A breadth-first
-solver confirms the level is unsolved and solvable within the action limit; otherwise the
-generator tries again with the next draws of the same seeded stream.
+Rewards (gym-sokoban's): -0.1 per step, +1 for a box pushed onto a target, -1 for one pushed
+off, +10 when solved. An invalid answer costs the -0.1 step reward and the format penalty.
 """
 from __future__ import annotations
 
 import random
 from collections import deque
 
-from .base import TextEnv, register
+from .base import TextEnv, legend, register
 
 MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+SYMBOLS = {"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box", "P": "player",
+           "S": "player on target"}
+_MASKS = [  # floor cells carved around the walker, offsets from its cell
+    [(0, -1), (0, 0), (0, 1)], [(-1, 0), (0, 0), (1, 0)], [(0, -1), (0, 0), (1, 0)],
+    [(0, -1), (0, 0), (1, -1), (1, 0)], [(0, 0), (0, 1), (1, 0)],
+]
+_MAX_STATES = 300_000
 
 
-def solve(walls, targets, boxes, player, limit: int) -> list[str] | None:
+def topology(h: int, w: int, rng: random.Random, p_turn: float = 0.35) -> set[tuple[int, int]]:
+    """Floor cells carved by a random walk of int(1.7 (h + w)) steps inside an h x w room."""
+    dirs = list(MOVES.values())
+    d = rng.choice(dirs)
+    r, c = rng.randint(1, h - 1), rng.randint(1, w - 1)
+    floor = set()
+    for _ in range(int(1.7 * (h + w))):
+        if rng.random() < p_turn:
+            d = rng.choice(dirs)
+        r, c = min(max(r + d[0], 1), h - 2), min(max(c + d[1], 1), w - 2)
+        for dr, dc in rng.choice(_MASKS):
+            floor.add((r + dr, c + dc))
+    return {(a, b) for a, b in floor if 0 < a < h - 1 and 0 < b < w - 1}
+
+
+def reverse_play(floor, targets, player, search_depth: int):
+    """Best (score, player, boxes) reachable from the solved state by moves and pulls."""
+    start_boxes = tuple(targets)  # box k starts on target k
+    best = (-1, player, start_boxes)
+    seen = set()
+    stack = [(player, start_boxes, 0, -1, search_depth)]
+    while stack and len(seen) < _MAX_STATES:
+        pos, boxes, swaps, last, ttl = stack.pop()
+        ttl -= 1
+        if ttl <= 0:
+            continue
+        key = (pos, frozenset(boxes))
+        if key in seen:
+            continue
+        seen.add(key)
+        uncovered = not any(b in targets for b in boxes)
+        score = swaps * sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets)) if uncovered else 0
+        if score > best[0]:
+            best = (score, pos, boxes)
+        children = []
+        for dr, dc in MOVES.values():
+            nxt = (pos[0] + dr, pos[1] + dc)
+            if nxt not in floor or nxt in boxes:
+                continue
+            behind = (pos[0] - dr, pos[1] - dc)
+            nb, pulled = boxes, last
+            if behind in boxes:  # walking away from a box pulls it along
+                k = boxes.index(behind)
+                nb = boxes[:k] + (pos,) + boxes[k + 1:]
+                pulled = k
+            children.append((nxt, nb, swaps + (pulled != last), pulled, ttl))
+        stack.extend(reversed(children))  # the first move is explored first
+    return best
+
+
+def generate(h: int, w: int, n_boxes: int, rng: random.Random, search_depth: int = 300, tries: int = 4):
+    """(floor, targets, boxes, player) of a level, or None if every try scored 0."""
+    for _ in range(tries):
+        floor = topology(h, w, rng)
+        cells = sorted(floor)
+        if len(cells) <= n_boxes + 1:
+            continue
+        player = rng.choice(cells)
+        targets = tuple(rng.sample([c for c in cells if c != player], n_boxes))
+        score, player, boxes = reverse_play(floor, targets, player, search_depth)
+        if score > 0:
+            break
+    else:
+        return None
+    # A short random walk, so the player does not always start next to the box it pulled.
+    displacement = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
+    if rng.random() <= (0.8 if displacement == 1 else 0.5):
+        visited = [player]
+        for _ in range(3):
+            options = [(player[0] + dr, player[1] + dc) for dr, dc in MOVES.values()]
+            options = [p for p in options if p in floor and p not in boxes and p not in visited]
+            if not options:
+                break
+            player = rng.choice(options)
+            visited.append(player)
+            if rng.random() > 0.5:
+                break
+    return floor, frozenset(targets), frozenset(boxes), player
+
+
+def solve(floor, targets, boxes, player, limit: int) -> list[str] | None:
     """Shortest action sequence (at most `limit`) that puts every box on a target, or None."""
     start = (player, frozenset(boxes))
     prev = {start: None}
@@ -25,8 +123,7 @@ def solve(walls, targets, boxes, player, limit: int) -> list[str] | None:
     while queue:
         (pos, bx), depth = queue.popleft()
         if bx <= targets:
-            path = []
-            state = (pos, bx)
+            path, state = [], (pos, bx)
             while prev[state] is not None:
                 state, action = prev[state]
                 path.append(action)
@@ -35,12 +132,12 @@ def solve(walls, targets, boxes, player, limit: int) -> list[str] | None:
             continue
         for action, (dr, dc) in MOVES.items():
             nxt = (pos[0] + dr, pos[1] + dc)
-            if nxt in walls:
+            if nxt not in floor:
                 continue
             nb = bx
             if nxt in bx:
                 beyond = (nxt[0] + dr, nxt[1] + dc)
-                if beyond in walls or beyond in bx:
+                if beyond not in floor or beyond in bx:
                     continue
                 nb = (bx - {nxt}) | {beyond}
             state = (nxt, nb)
@@ -50,77 +147,40 @@ def solve(walls, targets, boxes, player, limit: int) -> list[str] | None:
     return None
 
 
-def generate(size: int, n_boxes: int, rng: random.Random, max_actions: int, reverse_steps: int = 40,
-             inner_walls: int = 2):
-    """(walls, targets, boxes, player) of a level solvable in 1..max_actions moves."""
-    for _ in range(1000):
-        walls = {(r, c) for r in range(size) for c in range(size) if r in (0, size - 1) or c in (0, size - 1)}
-        inside = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)]
-        for cell in rng.sample(inside, inner_walls):
-            walls.add(cell)
-        floor = [p for p in inside if p not in walls]
-        if not _connected(floor):
-            continue
-        cells = rng.sample(floor, n_boxes + 1)
-        targets = frozenset(cells[:n_boxes])
-        boxes = set(targets)
-        player = cells[-1]
-        for _ in range(reverse_steps):
-            dr, dc = rng.choice(list(MOVES.values()))
-            nxt = (player[0] + dr, player[1] + dc)
-            if nxt in walls or nxt in boxes:
-                continue
-            behind = (player[0] - dr, player[1] - dc)
-            if behind in boxes and rng.random() < 0.7:  # pull the box along
-                boxes.remove(behind)
-                boxes.add(player)
-            player = nxt
-        if boxes == set(targets):
-            continue
-        path = solve(walls, targets, boxes, player, max_actions)
-        if path:
-            return walls, targets, frozenset(boxes), player
-    raise RuntimeError("no solvable Sokoban level found in 1000 tries; raise max_actions or reverse_steps")
-
-
-def _connected(floor) -> bool:
-    cells = set(floor)
-    stack, seen = [floor[0]], {floor[0]}
-    while stack:
-        r, c = stack.pop()
-        for dr, dc in MOVES.values():
-            n = (r + dr, c + dc)
-            if n in cells and n not in seen:
-                seen.add(n)
-                stack.append(n)
-    return len(seen) == len(cells)
-
-
 @register
 class Sokoban(TextEnv):
     name = "sokoban"
-    actions = tuple(MOVES)
-    rules = ("Sokoban. Push every box X onto a target O. Symbols: # wall, _ empty, O target, "
-             "X box, √ box on target, P player, S player on target.")
+    actions = ("Up", "Down", "Left", "Right")
+    instruction = ("You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. "
+                   "When you are right next to a box, you can push it by moving in the same direction. You cannot push "
+                   "a box through a wall, and you cannot pull a box. The answer must be one of action in a turn, "
+                   "format is <answer>Right</answer>" + legend(SYMBOLS, ("Up", "Down", "Left", "Right")))
 
-    def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1):
+    def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
+                 search_depth: int = 300):
         super().__init__(max_turns, format_penalty)
-        self.size, self.n_boxes = size, boxes
-        self.walls, self.targets, self.boxes, self.player = set(), frozenset(), set(), (0, 0)
+        self.size, self.n_boxes, self.search_depth = size, boxes, search_depth
+        self.floor, self.targets, self.boxes, self.player = set(), frozenset(), set(), (0, 0)
 
     def _reset(self, seed: int) -> None:
-        walls, targets, boxes, player = generate(self.size, self.n_boxes, random.Random(seed), self.max_turns)
-        self.walls, self.targets, self.boxes, self.player = walls, targets, set(boxes), player
+        rng = random.Random(seed)
+        while (level := generate(self.size, self.size, self.n_boxes, rng, self.search_depth)) is None:
+            pass  # the same seeded stream draws new topologies: still a function of the seed
+        floor, targets, boxes, player = level
+        self.floor, self.targets, self.boxes, self.player = floor, targets, set(boxes), player
+
+    def _invalid_reward(self) -> float:
+        return -0.1
 
     def _move(self, action: str) -> float:
         dr, dc = MOVES[action]
         nxt = (self.player[0] + dr, self.player[1] + dc)
         reward = -0.1
-        if nxt in self.walls:
+        if nxt not in self.floor:
             return reward
         if nxt in self.boxes:
             beyond = (nxt[0] + dr, nxt[1] + dc)
-            if beyond in self.walls or beyond in self.boxes:
+            if beyond not in self.floor or beyond in self.boxes:
                 return reward
             self.boxes.remove(nxt)
             self.boxes.add(beyond)
@@ -142,7 +202,7 @@ class Sokoban(TextEnv):
             out = []
             for c in range(self.size):
                 p = (r, c)
-                if p in self.walls:
+                if p not in self.floor:
                     out.append("#")
                 elif p == self.player:
                     out.append("S" if p in self.targets else "P")

@@ -1,0 +1,98 @@
+"""One episode as one chat: the paper's prompts, and the token sequence that grows turn by turn.
+
+The conversation (as in the paper's code, agentic env managers of ROLL): a system message; a first
+user message holding the environment's instruction followed by the turn template for the
+initial state; then per turn the assistant's reply and a user message with "Reward: r" and the
+next turn's template. The whole episode is one token sequence through the model's chat
+template; the loss mask covers the assistant's tokens only.
+
+Tokens the model generated are kept exactly as generated (never re-tokenized): after each reply
+only the template text that follows it is tokenized and appended. `Episode` checks that the
+rendered conversation extends the previous rendering by exactly the reply, so a chat template
+that rewrites earlier turns (some strip reasoning from old replies) fails loudly instead of
+training on tokens the model never saw.
+"""
+from __future__ import annotations
+
+SYSTEM = "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game.\n"
+TURN = ("Turn {turn}:\nState:\n{state}\nYou have {left} actions left. \n"
+        "Always output: <answer> [your answer] </answer> with no extra text. Strictly follow this format.\n"
+        "Max response length: {max_words} words (tokens).\nDecide the next action:\n")
+REWARD = "Reward:\n{reward}\n"
+
+
+def fmt_reward(r: float) -> str:
+    """Rewards as the model reads them: 0, 1, -0.1, 10.9 (no float noise)."""
+    return f"{round(r, 6):g}"
+
+
+def turn_text(turn: int, state: str, left: int, max_words: int) -> str:
+    return TURN.format(turn=turn, state=state, left=left, max_words=max_words)
+
+
+class Episode:
+    """The growing token sequence of one episode: ids, a mask of assistant tokens, and the
+    engine's log-prob of each assistant token (0 elsewhere)."""
+
+    def __init__(self, tokenizer, instruction: str, state: str, left: int, max_words: int):
+        self.tok = tokenizer
+        self.max_words = max_words
+        self.messages = [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": instruction + turn_text(0, state, left, max_words)}]
+        self.text = self._render()
+        self.ids = self._encode(self.text)
+        self.mask = [False] * len(self.ids)
+        self.logp = [0.0] * len(self.ids)
+        self.turn = 0
+        self._reply_end: int | None = None  # eos id that closed the last reply, if any
+
+    def _render(self) -> str:
+        return self.tok.apply_chat_template(self.messages, tokenize=False, add_generation_prompt=True)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def add_reply(self, ids: list[int], logps: list[float]) -> str:
+        """Append the assistant's reply as generated, with the engine's log-prob per token (an
+        empty list for a reply no engine sampled); returns its text (for the environment)."""
+        if logps and len(logps) != len(ids):
+            raise ValueError(f"a reply of {len(ids)} tokens came with {len(logps)} log-probs")
+        eos = self.tok.eos_token_id
+        self._reply_end = ids[-1] if ids and ids[-1] == eos else None
+        body = ids[:-1] if self._reply_end is not None else ids
+        content = self.tok.decode(body, skip_special_tokens=False)
+        self.ids += ids
+        self.mask += [True] * len(ids)
+        self.logp += list(logps) if logps else [0.0] * len(ids)
+        self.messages.append({"role": "assistant", "content": content})
+        self.text += content
+        return content
+
+    def add_feedback(self, reward: float, state: str, left: int, limit: int | None = None) -> bool:
+        """Append the user's next message: the reward of the last action and the next turn.
+        If that would take the sequence past `limit` tokens, append nothing and return False."""
+        text = REWARD.format(reward=fmt_reward(reward)) + turn_text(self.turn + 1, state, left, self.max_words)
+        self.messages.append({"role": "user", "content": text})
+        full = self._render()
+        if not full.startswith(self.text):
+            raise ValueError("the chat template rewrote earlier turns; multi-turn episodes need a template that "
+                             "only appends (one token sequence per episode)")
+        suffix = full[len(self.text):]
+        if self._reply_end is not None:  # the reply's own end-of-turn token is already in ids
+            end = self.tok.decode([self._reply_end], skip_special_tokens=False)
+            if not suffix.startswith(end):
+                raise ValueError(f"the chat template does not close a reply with {end!r}, the eos token")
+            suffix = suffix[len(end):]
+        new = self._encode(suffix)
+        if limit is not None and len(self.ids) + len(new) > limit:
+            self.messages.pop()
+            return False
+        self.turn += 1
+        self.ids += new
+        self.mask += [False] * len(new)
+        self.logp += [0.0] * len(new)
+        self.text = full
+        return True
+
+    def __len__(self) -> int:
+        return len(self.ids)
