@@ -15,7 +15,7 @@ from pathlib import Path
 from . import config as C
 
 
-def _overrides(rest: list[str]) -> dict:
+def parse_overrides(rest: list[str]) -> dict:
     """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}."""
     out, i = {}, 0
     while i < len(rest):
@@ -88,7 +88,7 @@ def holds_run(run_dir: Path) -> bool:
 def build_config(args, rest) -> tuple[C.Config, Path, bool]:
     """(config, run dir, resume?) from the parsed train/profile arguments; every check that can
     fail is made here, before anything is built or written."""
-    overrides = _overrides(rest)
+    overrides = parse_overrides(rest)
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():

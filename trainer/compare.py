@@ -7,9 +7,14 @@ Every run is `freshper train` in its own process (at most --parallel at once, on
 each), in runs/compare-NAME/ARM-sSEED/. Seeds fix the model init and the environments: seed s
 gives every arm the same initial states at the same iteration. A run stops at the budget; a
 re-run of the same command skips finished runs and resumes interrupted ones from their latest
-checkpoint. Summary per arm: final success (mean over the last 10% of the budget) and the area
-under the success-vs-env-steps curve divided by the budget (the mean success over training),
-each as mean and 95% t-interval across seeds.
+checkpoint. Summary per arm, each as mean and 95% t-interval across seeds: final training
+success (mean over the last 10% of the budget) and its AUC (the area under the
+success-vs-env-steps curve over the budget: the mean success over training); and, from the
+validation rollouts (`eval.every`), the last eval success and eval score and their AUCs.
+Plots: training success, eval success, and KL(mu || pi) per token of replayed trajectories
+against their age. Runs use a constant learning rate after warm-up: a run that stops at an
+env-step budget has no known horizon for a cosine schedule.
+`--report-only` redraws the table and plots from the runs' metrics.jsonl without running.
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ ARMS = {
     "freshper-auto": {"algo.mode": "freshper", "algo.tau_auto": "true"},
     "uniform": {"algo.mode": "uniform"},
 }
-ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000)}
+ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
+               "sokoban-hard": ("sokoban-hard", 30_000)}
 # two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
@@ -54,21 +60,43 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
     return float(x.mean()), float(t975(x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
 
 
-def curve(rows: list[dict], grid: np.ndarray) -> np.ndarray:
-    """Success rate interpolated onto env-step `grid` (each iteration's success placed at the
-    env-step count reached by its end)."""
-    x = np.array([r["env_steps"] for r in rows], dtype=float)
-    y = np.array([r["success"] for r in rows], dtype=float)
+def curve(rows: list[dict], grid: np.ndarray, key: str = "success") -> np.ndarray:
+    """`key` interpolated onto env-step `grid` (each row's value placed at the env-step count
+    reached by the end of its iteration); rows without `key` are skipped."""
+    pts = [(r["env_steps"], r[key]) for r in rows if key in r]
+    if not pts:
+        return np.full(grid.shape, np.nan)
+    x, y = np.array(pts, dtype=float).T
     return np.interp(grid, x, y)
+
+
+def _auc(c: np.ndarray, grid: np.ndarray, budget: int) -> float:
+    trap = np.trapezoid if hasattr(np, "trapezoid") else np.trapz
+    return float(trap(c, grid) / budget)
 
 
 def summarize(rows: list[dict], budget: int) -> dict:
     grid = np.linspace(0, budget, 201)
     c = curve(rows, grid)
-    final = float(c[grid >= 0.9 * budget].mean())
-    auc = float(np.trapezoid(c, grid) / budget) if hasattr(np, "trapezoid") else float(np.trapz(c, grid) / budget)
-    return {"final_success": final, "auc": auc, "env_steps": rows[-1]["env_steps"], "iterations": len(rows),
-            "final_reward": float(np.mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]))}
+    out = {"final_success": float(c[grid >= 0.9 * budget].mean()), "auc": _auc(c, grid, budget),
+           "env_steps": rows[-1]["env_steps"], "iterations": len(rows),
+           "final_reward": float(np.mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]))}
+    evals = [r for r in rows if "eval_success" in r]
+    for key in ("eval_success", "eval_score"):
+        out[f"final_{key}"] = float(evals[-1][key]) if evals else float("nan")
+        out[f"auc_{key}"] = _auc(curve(rows, grid, key), grid, budget) if evals else float("nan")
+    return out
+
+
+def kl_by_age(rows: list[dict]) -> dict[int, tuple[float, int]]:
+    """{lowest age of the bin: (mean per-token KL(mu || pi), trajectories)} over a run's replays."""
+    acc: dict[int, list[float]] = {}
+    for r in rows:
+        for age, (kl, n) in r.get("replay_kl_by_age", {}).items():
+            a = acc.setdefault(int(age), [0.0, 0])
+            a[0] += kl * n
+            a[1] += n
+    return {k: (v[0] / v[1], v[1]) for k, v in sorted(acc.items()) if v[1]}
 
 
 def _run_one(cmd: list[str], log_path: Path) -> int:
@@ -88,6 +116,7 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, extra: l
         for s in range(seeds):
             run = out / f"{label}-s{s}"
             over = {**ARMS[arm], "train.seed": s, "train.env_step_budget": budget, "train.iterations": 100_000,
+                    "algo.lr_schedule": "constant",
                     "train.checkpoint_every": 10, "train.progress": "false", "train.threads": 1,
                     "train.run_dir": str(out), "train.name": run.name}
             if tau is not None:
@@ -113,50 +142,66 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
     for j in jobs:
         rows = read(j["run"])
         by_label.setdefault(j["label"], []).append((j, rows, summarize(rows, budget)))
-    lines = [f"budget: {budget} env steps per run; final = mean success over the last 10% of the budget; "
-             f"AUC = mean success over the budget; mean ± 95% t-interval over seeds", "",
-             "| arm | seeds | final success | AUC (success) | final reward | iterations |", "|---|---|---|---|---|---|"]
+    lines = [f"budget: {budget} env steps per run; final = mean training success over the last 10% of the budget; "
+             f"AUC = mean over the budget; eval = validation rollouts (fixed held-out initial states); "
+             f"mean ± 95% t-interval over seeds", "",
+             "| arm | seeds | final success | AUC (success) | final eval success | AUC (eval success) | "
+             "final eval score | AUC (eval score) | final reward | iterations |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
     for label, items in by_label.items():
-        fin = mean_ci([s["final_success"] for _, _, s in items])
-        auc = mean_ci([s["auc"] for _, _, s in items])
-        rew = mean_ci([s["final_reward"] for _, _, s in items])
+        stats = {k: mean_ci([s[k] for _, _, s in items]) for k in
+                 ("final_success", "auc", "final_eval_success", "auc_eval_success", "final_eval_score",
+                  "auc_eval_score", "final_reward")}
         its = np.mean([s["iterations"] for _, _, s in items])
-        summary[label] = {"final_success": fin, "auc": auc, "final_reward": rew,
-                          "per_seed": [s for _, _, s in items]}
-        lines.append(f"| {label} | {len(items)} | {fin[0]:.3f} ± {fin[1]:.3f} | {auc[0]:.3f} ± {auc[1]:.3f} | "
-                     f"{rew[0]:.3f} ± {rew[1]:.3f} | {its:.0f} |")
+        summary[label] = {**stats, "per_seed": [s for _, _, s in items]}
+        cells = " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in stats.values())
+        lines.append(f"| {label} | {len(items)} | {cells} | {its:.0f} |")
     table = "\n".join(lines)
     grid = np.linspace(0, budget, 201)
-    fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(11 if sweep else 6.5, 4))
-    ax = axes[0] if sweep else axes
+    panels = ["success", "eval_success", "kl"] + (["tau"] if sweep else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    ax = dict(zip(panels, axes))
     for i, (label, items) in enumerate(by_label.items()):
-        curves = np.stack([curve(rows, grid) for _, rows, _ in items])
-        k = 9  # moving average over 9 grid points (4.5% of the budget)
-        smooth = np.stack([np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
-                           for c in curves])
-        m = smooth.mean(0)
-        half = (t975(len(items) - 1) * smooth.std(0, ddof=1) / math.sqrt(len(items))) if len(items) > 1 else 0 * m
-        ax.plot(grid, m, color=f"C{i}", label=label)
-        # the band is the 95% interval of the mean, drawn within the feasible range [0, 1]
-        ax.fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), color=f"C{i}", alpha=0.2)
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("success rate (mean, 95% band over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        for key in ("success", "eval_success"):
+            curves = np.stack([curve(rows, grid, key) for _, rows, _ in items])
+            if np.isnan(curves).all():
+                continue
+            k = 9 if key == "success" else 1  # smooth the per-iteration curve over 4.5% of the budget
+            smooth = np.stack([np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
+                               for c in curves])
+            m = np.nanmean(smooth, 0)
+            half = (t975(len(items) - 1) * np.nanstd(smooth, 0, ddof=1) / math.sqrt(len(items))
+                    if len(items) > 1 else 0 * m)
+            ax[key].plot(grid, m, color=f"C{i}", label=label)
+            # the band is the 95% interval of the mean, drawn within the feasible range [0, 1]
+            ax[key].fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), color=f"C{i}", alpha=0.2)
+        kl = kl_by_age([r for _, rows, _ in items for r in rows])
+        if kl:
+            ages = [max(a, 0.5) for a in kl]  # age 0 drawn at 0.5 on the log axis
+            ax["kl"].plot(ages, [v[0] for v in kl.values()], marker="o", color=f"C{i}", label=label)
+    for key, name in (("success", "training success"), ("eval_success", "eval success (held-out states)")):
+        ax[key].set_xlabel("environment steps")
+        ax[key].set_ylabel(f"{name}, mean and 95% band")
+        ax[key].grid(alpha=0.3)
+        ax[key].legend(fontsize=8)
+    ax["kl"].set_xscale("log")
+    ax["kl"].set_xlabel("age of the replayed trajectory (iterations; 0 drawn at 0.5)")
+    ax["kl"].set_ylabel("KL(mu || pi) per token, mean")
+    ax["kl"].grid(alpha=0.3)
     if sweep:
         taus = [items[0][0]["tau"] for items in by_label.values()]
         fins = [summary[label]["final_success"] for label in by_label]
         means = np.array([f[0] for f in fins])
         half = np.array([0.0 if math.isnan(f[1]) else f[1] for f in fins])
         lower, upper = means - np.clip(means - half, 0, 1), np.clip(means + half, 0, 1) - means
-        axes[1].errorbar(taus, means, yerr=[lower, upper], marker="o", capsize=3)
-        axes[1].set_xscale("log")
-        axes[1].set_xticks(taus, [f"{t:g}" for t in taus])
-        axes[1].minorticks_off()
-        axes[1].set_xlabel("tau (iterations)")
-        axes[1].set_ylabel("final success")
-        axes[1].grid(alpha=0.3)
+        ax["tau"].errorbar(taus, means, yerr=[lower, upper], marker="o", capsize=3)
+        ax["tau"].set_xscale("log")
+        ax["tau"].set_xticks(taus, [f"{t:g}" for t in taus])
+        ax["tau"].minorticks_off()
+        ax["tau"].set_xlabel("tau (iterations)")
+        ax["tau"].set_ylabel("final success")
+        ax["tau"].grid(alpha=0.3)
     fig.suptitle(out.name, fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=110)
@@ -178,6 +223,7 @@ def main(argv) -> int:
     p.add_argument("--name", default="", help="runs/compare-NAME (default: the env, or the env and 'tau-sweep')")
     p.add_argument("--run-dir", default="runs", help="parent folder")
     p.add_argument("--tau-sweep", default="", help="comma-separated taus for the single arm in --arms")
+    p.add_argument("--report-only", action="store_true", help="redraw the table and plots from existing runs")
     args, extra = p.parse_known_args(argv)
     if args.env not in ENV_PRESETS:
         p.error(f"--env must be one of {list(ENV_PRESETS)}, got {args.env!r}")
@@ -196,10 +242,10 @@ def main(argv) -> int:
     if args.seeds < 1 or args.parallel < 1:
         p.error("--seeds and --parallel must be >= 1")
     from . import config as C
-    from .cli import _overrides
+    from .cli import parse_overrides
 
     try:  # fail on a bad pass-through override now, not in every child
-        C.load(ENV_PRESETS[args.env][0], None, _overrides(extra))
+        C.load(ENV_PRESETS[args.env][0], None, parse_overrides(extra))
     except ValueError as e:
         p.error(str(e))
     budget = args.budget or ENV_PRESETS[args.env][1]
@@ -208,7 +254,9 @@ def main(argv) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["freshper", "compare", *argv])
     jobs = plan(out, args.env, arms, args.seeds, budget, extra, taus)
-    todo = [j for j in jobs if j["cmd"]]
+    todo = [] if args.report_only else [j for j in jobs if j["cmd"]]
+    if args.report_only and not all((j["run"] / "metrics.jsonl").exists() for j in jobs):
+        p.error(f"--report-only: some runs in {out} have no metrics.jsonl yet")
     print(f"{len(jobs)} runs in {out}: {len(jobs) - len(todo)} done, {len(todo)} to run, {args.parallel} at a time",
           flush=True)
     t0 = time.time()

@@ -203,6 +203,7 @@ class Trainer:
     def _replay(self, it: int) -> dict:
         a, P = self.cfg.algo, self.phase
         rows = []
+        bins = torch.zeros(2, 32, dtype=torch.float64, device=self.device)  # KL sum and count per age bin
         for _ in range(self.K):
             with P("sample"):
                 b = self.buffer.sample(a.replay_batch, step=it)
@@ -215,6 +216,10 @@ class Trainer:
                                         b.engine_logp)
             if self.drift is not None:
                 self.drift.observe(b.age, st["row_kl"])
+            # age bins 0, 1, 2-3, 4-7, ...: bin index = bit length of the age
+            k = torch.where(b.age > 0, torch.floor(torch.log2(b.age.double().clamp_min(1))) + 1, 0).long().clamp(max=31)
+            bins[0].index_add_(0, k, st["row_kl"].double())
+            bins[1].index_add_(0, k, torch.ones_like(k, dtype=torch.float64))
             if self.updates_priorities:
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
@@ -227,6 +232,10 @@ class Trainer:
                  "replay_ratio_mean"]
         out = {n: sum(r[i] for r in rows) / len(rows) for i, n in enumerate(names)}
         out["replay_age_max"] = max(r[2] for r in rows)
+        sums, counts = bins.cpu().tolist()
+        # {lowest age of the bin: [mean KL(mu || pi) per token, trajectories]}: the KL-vs-age data
+        out["replay_kl_by_age"] = {str(0 if i == 0 else 2 ** (i - 1)): [round(sums[i] / counts[i], 6), int(counts[i])]
+                                   for i in range(32) if counts[i]}
         if self.drift is not None:
             self.buffer.set_tau(self.drift.update())
             out.update(tau=self.drift.tau, drift_rate=self.drift.rate)

@@ -6,8 +6,9 @@ import pytest
 from freshper.trainer.cli import main
 from freshper.trainer.compare import mean_ci, summarize
 
-TINY = ["--model.tiny_hidden", "64", "--model.tiny_layers", "1", "--model.tiny_vocab", "320", "--rollout.episodes",
-        "4", "--rollout.group_size", "2", "--env.max_turns", "3", "--algo.replay_batch", "4", "--train.sft_steps", "2"]
+TINY = ["--model.tiny_hidden", "64", "--model.tiny_layers", "1", "--model.tiny_vocab", "512", "--rollout.episodes",
+        "4", "--rollout.group_size", "2", "--env.max_turns", "3", "--algo.replay_batch", "4", "--train.sft_steps", "2",
+        "--rollout.max_len", "640", "--algo.capacity", "64", "--eval.every", "1", "--eval.episodes", "2"]
 
 
 def test_compare_runs_reports_and_resumes(tmp_path, capsys):
@@ -16,13 +17,15 @@ def test_compare_runs_reports_and_resumes(tmp_path, capsys):
     assert main(argv) == 0
     out = tmp_path / "compare-t"
     table = (out / "table.md").read_text()
-    assert "| on-policy | 2 |" in table and "| freshper | 2 |" in table
+    assert "| on-policy | 2 |" in table and "| freshper | 2 |" in table and "final eval success" in table
     assert (out / "curves.png").stat().st_size > 0
     assert (out / "command.txt").read_text().startswith("freshper compare --env frozenlake")
     res = json.loads((out / "results.json").read_text())
     assert set(res) == {"on-policy", "freshper"} and len(res["freshper"]["per_seed"]) == 2
     for s in res["freshper"]["per_seed"]:
-        assert s["env_steps"] >= 20
+        assert s["env_steps"] >= 20 and 0 <= s["final_eval_success"] <= 1
+    rows = [json.loads(x) for x in (out / "freshper-s0" / "metrics.jsonl").read_text().splitlines()]
+    assert "replay_kl_by_age" in rows[-1] and rows[-1]["lr"] > 0
     # the same environments for every arm: seed 0 of both arms starts from identical states
     a = (out / "on-policy-s0" / "metrics.jsonl").read_text().splitlines()[0]
     b = (out / "freshper-s0" / "metrics.jsonl").read_text().splitlines()[0]
@@ -33,6 +36,9 @@ def test_compare_runs_reports_and_resumes(tmp_path, capsys):
     (out / "freshper-s1" / "DONE").unlink()
     assert main(argv) == 0
     assert "3 done, 1 to run" in capsys.readouterr().out
+    (out / "table.md").unlink()
+    assert main([*argv, "--report-only"]) == 0 and (out / "table.md").exists()
+    assert "0 to run" in capsys.readouterr().out
 
 
 def test_compare_rejects_bad_arguments(tmp_path, capsys):
@@ -47,6 +53,9 @@ def test_compare_rejects_bad_arguments(tmp_path, capsys):
 def test_summary_statistics():
     rows = [{"env_steps": 10 * (i + 1), "success": 1.0 if i >= 5 else 0.0, "reward": 0.0} for i in range(10)]
     s = summarize(rows, 100)
-    assert s["final_success"] == 1.0 and 0.4 < s["auc"] < 0.6
+    assert s["final_success"] == 1.0 and 0.4 < s["auc"] < 0.6 and s["final_eval_success"] != s["final_eval_success"]
+    rows[4]["eval_success"], rows[9]["eval_success"], rows[9]["eval_score"], rows[4]["eval_score"] = 0.0, 0.5, 1, 0
+    s = summarize(rows, 100)
+    assert s["final_eval_success"] == 0.5 and 0.0 < s["auc_eval_success"] < 0.5
     m, h = mean_ci([0.2, 0.4, 0.6])
     assert m == pytest.approx(0.4) and h == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
