@@ -18,6 +18,8 @@ requires = [
     "transformers>=4.46",
     "tokenizers>=0.20",
     "gymnasium>=1.0",
+    "datasets>=3.0",
+    "math-verify[antlr4_13_2]>=0.8",
 ]
 if sys.platform.startswith("linux"):
     requires.append("triton>=3.0")

@@ -1,10 +1,11 @@
-"""One episode as one chat: the paper's prompts, and the token sequence that grows turn by turn.
+"""One episode as one chat: the paper's game prompts, and the token sequence that grows turn by turn.
 
-The conversation (as in the paper's code, agentic env managers of ROLL): a system message; a first
-user message holding the environment's instruction followed by the turn template for the
+The game conversation (as in the paper's code, agentic env managers of ROLL): a system message; a
+first user message holding the environment's instruction followed by the turn template for the
 initial state; then per turn the assistant's reply and a user message with "Reward: r" and the
-next turn's template. The whole episode is one token sequence through the model's chat
-template; the loss mask covers the assistant's tokens only.
+next turn's template (`game_opening`, `game_feedback`). Environments choose their own messages
+(a math problem is a single user turn). The whole episode is one token sequence through the
+model's chat template; the loss mask covers the assistant's tokens only.
 
 Tokens the model generated are kept exactly as generated (never re-tokenized): after each reply
 only the template text that follows it is tokenized and appended. `Episode` checks that the
@@ -30,20 +31,28 @@ def turn_text(turn: int, state: str, left: int, max_words: int) -> str:
     return TURN.format(turn=turn, state=state, left=left, max_words=max_words)
 
 
+def game_opening(instruction: str, state: str, left: int, max_words: int) -> list[dict]:
+    """The system message and the first user message of a game episode."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": instruction + turn_text(0, state, left, max_words)}]
+
+
+def game_feedback(reward: float, turn: int, state: str, left: int, max_words: int) -> str:
+    """The user message after a game turn: the reward of the last action, then the next turn."""
+    return REWARD.format(reward=fmt_reward(reward)) + turn_text(turn, state, left, max_words)
+
+
 class Episode:
     """The growing token sequence of one episode: ids, a mask of assistant tokens, and the
     engine's log-prob of each assistant token (0 elsewhere)."""
 
-    def __init__(self, tokenizer, instruction: str, state: str, left: int, max_words: int):
+    def __init__(self, tokenizer, messages: list[dict]):
         self.tok = tokenizer
-        self.max_words = max_words
-        self.messages = [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": instruction + turn_text(0, state, left, max_words)}]
+        self.messages = list(messages)
         self.text = self._render()
         self.ids = self._encode(self.text)
         self.mask = [False] * len(self.ids)
         self.logp = [0.0] * len(self.ids)
-        self.turn = 0
         self._reply_end: int | None = None  # eos id that closed the last reply, if any
 
     def _render(self) -> str:
@@ -68,10 +77,9 @@ class Episode:
         self.text += content
         return content
 
-    def add_feedback(self, reward: float, state: str, left: int, limit: int | None = None) -> bool:
-        """Append the user's next message: the reward of the last action and the next turn.
-        If that would take the sequence past `limit` tokens, append nothing and return False."""
-        text = REWARD.format(reward=fmt_reward(reward)) + turn_text(self.turn + 1, state, left, self.max_words)
+    def add_user(self, text: str, limit: int | None = None) -> bool:
+        """Append the user's next message (feedback and the next turn). If that would take the
+        sequence past `limit` tokens, append nothing and return False."""
         self.messages.append({"role": "user", "content": text})
         full = self._render()
         if not full.startswith(self.text):
@@ -87,7 +95,6 @@ class Episode:
         if limit is not None and len(self.ids) + len(new) > limit:
             self.messages.pop()
             return False
-        self.turn += 1
         self.ids += new
         self.mask += [False] * len(new)
         self.logp += [0.0] * len(new)

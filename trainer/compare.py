@@ -41,7 +41,7 @@ ARMS = {
     "uniform": {"algo.mode": "uniform"},
 }
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
-               "sokoban-hard": ("sokoban-hard", 30_000)}
+               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 4_000)}
 # two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}

@@ -29,13 +29,18 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = "frozenlake"  # frozenlake | sokoban
+    name: str = "frozenlake"  # frozenlake | sokoban | math
     max_turns: int = 10  # actions per episode (the paper's max_actions_per_traj)
     format_penalty: float = -0.15  # added to the return of a turn whose answer does not parse
     size: int = 4  # grid side
     boxes: int = 1  # sokoban: number of boxes
     p_frozen: float = 0.8  # frozenlake: probability that a tile is ice
     search_depth: int = 300  # sokoban: depth of the reverse-play search that places the boxes
+    data: str = ""  # math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b
+    eval_data: str = ""  # math: held-out problems (same forms); empty: the last tenth of env.data
+    question_key: str = "problem"  # math: column of the question
+    answer_key: str = "answer"  # math: column of the answer (a full solution with a \boxed{} works too)
+    digits: int = 2  # math without data: digits of each operand of a + b
 
 
 @dataclass
@@ -57,6 +62,7 @@ class EvalConfig:
     every: int = 10  # iterations between validation rollouts (0: none); the last iteration is evaluated too
     episodes: int = 32  # validation episodes, one per fixed initial state disjoint from training's
     temperature: float = 0.0  # validation sampling temperature (0: greedy)
+    samples: int = 1  # replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k
 
 
 @dataclass
@@ -130,7 +136,7 @@ class Config:
 CHOICES = {
     "model.dtype": ("auto", "float32", "bfloat16"),
     "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "env.name": ("frozenlake", "sokoban"),
+    "env.name": ("frozenlake", "sokoban", "math"),
     "rollout.engine": ("hf", "vllm"),
     "algo.mode": ("on-policy", "per", "freshper", "uniform"),
     "algo.advantage": ("reinforce", "reinforce++", "grpo"),
@@ -157,10 +163,12 @@ _SOKOBAN_SIMPLE = {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.se
 _SOKOBAN_HARD = {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.search_depth": 10, "algo.tau": 500.0}
 
 PRESETS: dict[str, dict] = {
-    # The embedded default: FrozenLake with the tiny model on CPU, the paper's conventions at tiny scale.
-    "frozenlake": {},
-    "sokoban-simple": {**_SOKOBAN_SIMPLE, "rollout.max_len": 1408, "train.iterations": 200},
-    "sokoban-hard": {**_SOKOBAN_HARD, "rollout.max_len": 1664, "train.iterations": 300},
+    # The embedded default: FrozenLake with the tiny model on CPU, the paper's conventions at tiny
+    # scale. CPU capacities hold every trajectory of the run (or of a compare budget), as the
+    # paper's 50k-100k buffers do, without allocating 100k whole-episode rows.
+    "frozenlake": {"algo.capacity": 4096},
+    "sokoban-simple": {**_SOKOBAN_SIMPLE, "rollout.max_len": 1408, "train.iterations": 200, "algo.capacity": 8192},
+    "sokoban-hard": {**_SOKOBAN_HARD, "rollout.max_len": 1664, "train.iterations": 300, "algo.capacity": 16384},
     # Seconds per iteration; for tests and smoke checks.
     "tiny": {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 512, "rollout.episodes": 4,
              "rollout.group_size": 2, "env.max_turns": 3, "algo.replay_batch": 4, "algo.capacity": 32,
@@ -170,6 +178,20 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b-frozenlake": {**_PAPER_GPU, "algo.tau": 1000.0},
     "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
     "qwen2.5-0.5b-sokoban-hard": {**_PAPER_GPU, **_SOKOBAN_HARD},
+    # Math. CPU: a + b with one-digit operands, scored by the same verifier as real data; the
+    # tiny model learns it in minutes. GPU: the paper's AIME setting as far as the paper states
+    # it (README, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
+    "math-cpu": {"env.name": "math", "env.digits": 1, "env.max_turns": 1, "rollout.max_new_tokens": 16,
+                 "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
+                 "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 5, "eval.episodes": 32,
+                 "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 60, "algo.tau": 200.0},
+    "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
+                             "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
+                             "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
+                             "rollout.max_new_tokens": 4096, "rollout.max_len": 5120, "rollout.episodes": 512,
+                             "rollout.group_size": 8, "eval.episodes": 30, "eval.samples": 16,
+                             "eval.temperature": 0.6, "algo.replay_batch": 512, "algo.micro_batch": 4,
+                             "algo.tau": 500.0, "train.iterations": 300},
     # The GPU preset in short form: a few iterations with the tiny model, vLLM and bf16.
     "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda", "eval.every": 3,
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
@@ -292,6 +314,13 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.boxes": (lambda v: 1 <= v <= 8, "in [1, 8]"),
     "env.p_frozen": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "env.search_depth": (lambda v: 1 <= v <= 10_000, "in [1, 10000]"),
+    "env.data": (lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
+                 "empty, an existing file or datasets folder, or hub:ORG/NAME"),
+    "env.eval_data": (lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
+                      "empty, an existing file or datasets folder, or hub:ORG/NAME"),
+    "env.question_key": (lambda v: v.strip() != "", "a column name"),
+    "env.answer_key": (lambda v: v.strip() != "", "a column name"),
+    "env.digits": (lambda v: 1 <= v <= 9, "in [1, 9]"),
     "rollout.episodes": (lambda v: v > 0, "> 0"),
     "rollout.group_size": (lambda v: v > 0, "> 0"),
     "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),
@@ -303,6 +332,7 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "eval.every": (lambda v: v >= 0, ">= 0 (0: no evaluation)"),
     "eval.episodes": (lambda v: v > 0, "> 0"),
     "eval.temperature": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: greedy)"),
+    "eval.samples": (lambda v: 1 <= v <= 1024, "in [1, 1024]"),
     "algo.adv_clip": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
     "algo.replay_updates": (lambda v: v >= 0, ">= 0"),
     "algo.replay_batch": (lambda v: v > 0, "> 0"),
@@ -362,6 +392,10 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"algo.tau_max ({a.tau_max}) must be >= algo.tau_min ({a.tau_min})")
     if a.mode != "on-policy" and a.replay_batch > a.capacity:
         raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
+    if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
+        raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
+    if cfg.env.data and cfg.env.name != "math":
+        raise ValueError(f"env.data is for env.name=math, got env.name={cfg.env.name!r}")
     if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
         raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
                          f"room: at most {(cfg.env.size - 2) ** 2 // 4}")

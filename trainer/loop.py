@@ -27,13 +27,13 @@ from .config import Config, to_yaml
 from .drift import DriftTau
 from .engines.base import Sampling, make_engine
 from .envs import make_env
+from .envs.base import EVAL_SEED_BASE
 from .metrics import MetricsLog, plot
 from .model import env_kwargs, load_policy, pick_device
 from .policy import Policy
 from .rollout import rollout
 
 log = logging.getLogger("freshper")
-EVAL_SEED_BASE = 2**31  # validation states: seeds no training iteration draws (those are < 2^31 - 1)
 
 
 def seed_everything(seed: int) -> None:
@@ -243,19 +243,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Validation: `eval.episodes` episodes from fixed initial states no training iteration
-        uses, one per state, at `eval.temperature` (0: greedy). Its sampling draws from a forked
-        RNG, so evaluating does not change the training run."""
+        """Validation: `eval.episodes` fixed initial states (problems) no training iteration uses,
+        `eval.samples` = k replies each at `eval.temperature` (0: greedy). eval_success is avg@k
+        (the mean over all replies), eval_pass_at_k the share of states solved at least once.
+        Its sampling draws from a forked RNG, so evaluating does not change the training run."""
         cfg = self.cfg
         r, e = cfg.rollout, cfg.eval
         seeds = [EVAL_SEED_BASE + i for i in range(e.episodes)]
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
-            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, 1, r.max_new_tokens, r.max_len,
-                         Sampling(e.temperature, r.top_p, r.top_k))
+            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, e.samples, r.max_new_tokens,
+                         r.max_len, Sampling(e.temperature, r.top_p, r.top_k))
             self.engine.sleep()
+        solved = ep.success.view(e.episodes, e.samples)
         return {"eval_success": float(ep.success.float().mean()), "eval_score": float(ep.reward.mean()),
+                "eval_pass_at_k": float(solved.any(1).float().mean()),
                 "eval_valid_action": float(ep.valid_frac.mean()),
                 "eval_context_ended": float(ep.context_ended.float().mean())}
 

@@ -13,11 +13,12 @@ import hashlib
 import json
 import logging
 import os
+import random
 from pathlib import Path
 
 import torch
 
-from .chat import REWARD, SYSTEM, fmt_reward, turn_text
+from .chat import SYSTEM
 from .config import Config
 from .envs import make_env
 
@@ -33,30 +34,37 @@ def cache_dir() -> Path:
 
 def env_kwargs(cfg: Config) -> dict:
     e = cfg.env
+    if e.name == "math":
+        return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
+                "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
     kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else {"p": e.p_frozen})
     return kw
 
 
 def corpus(cfg: Config, n_states: int = 300) -> list[str]:
-    """Text the tokenizer is trained on: conversations of random states and actions, worded as
-    the rollout words them, and every answer."""
+    """Text the tokenizer is trained on: conversations of random states and well-formed random
+    replies, worded as the rollout words them."""
     env = make_env(cfg.env.name, **env_kwargs(cfg))
-    texts = [SYSTEM, env.instruction]
+    rng = random.Random(0)
+    texts = [SYSTEM]
+    w = cfg.rollout.max_new_tokens
     for seed in range(n_states):
-        state = env.reset(10_000_000 + seed)
-        texts.append(turn_text(0, state, env.max_turns, cfg.rollout.max_new_tokens))
-        r = env.step(f"<answer>{env.actions[seed % len(env.actions)]}</answer>")
-        texts.append(REWARD.format(reward=fmt_reward(r.reward)) + turn_text(1, r.observation, env.max_turns - 1,
-                                                                             cfg.rollout.max_new_tokens))
-    texts += [f"<answer>{a}</answer>" for a in env.actions] * 20
+        texts += [m["content"] for m in env.opening(env.reset(10_000_000 + seed), w)]
+        reply = env.random_reply(rng)
+        texts.append(reply)
+        r = env.step(reply)
+        if not r.done:
+            texts.append(env.feedback(r, w))
+    texts += [env.random_reply(rng) for _ in range(200)]
     return texts
 
 
 def tiny_model_dir(cfg: Config) -> Path:
-    spec = {"env": cfg.env.name, "size": cfg.env.size, "boxes": cfg.env.boxes, "hidden": cfg.model.tiny_hidden,
+    spec = {"env": cfg.env.name, "size": cfg.env.size, "boxes": cfg.env.boxes, "digits": cfg.env.digits,
+            "data": cfg.env.data, "hidden": cfg.model.tiny_hidden,
             "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed,
-            "max_words": cfg.rollout.max_new_tokens, "v": 2}
+            "max_words": cfg.rollout.max_new_tokens, "v": 3}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return cache_dir() / "models" / f"tiny-qwen2-{cfg.env.name}-{digest}"
 

@@ -179,12 +179,11 @@ class Policy:
         for _ in range(steps):
             rows = []
             for _ in range(batch):
-                ep = Episode(tokenizer, env.instruction, env.reset(rng.randrange(2**31)), env.max_turns, max_words)
+                ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words))
                 while not env.done:
-                    reply = tokenizer(f"<answer>{rng.choice(env.actions)}</answer>", add_special_tokens=False)
+                    reply = tokenizer(env.random_reply(rng), add_special_tokens=False)
                     r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
-                    if not r.done and not ep.add_feedback(r.reward, r.observation, env.max_turns - env.turn,
-                                                          limit=max_len - max_words):
+                    if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words):
                         break
                 rows.append(ep)
             width = max(len(ep) for ep in rows)

@@ -52,7 +52,7 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     eps = []
     for i, env in enumerate(envs):
         state = env.reset(seeds[i // group_size])
-        eps.append(Episode(tokenizer, env.instruction, state, env.max_turns, max_new_tokens))
+        eps.append(Episode(tokenizer, env.opening(state, max_new_tokens)))
     E = len(envs)
     if len(eps[0]) + max_new_tokens > max_len:
         raise ValueError(f"rollout.max_len={max_len} cannot hold even the first turn: its prompt has {len(eps[0])} "
@@ -73,9 +73,8 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                 result = envs[i].step(text)
                 valid[i] += result.valid
                 gen_tokens += len(gen.token_ids[j])
-                if not result.done and not eps[i].add_feedback(result.reward, result.observation,
-                                                               envs[i].max_turns - envs[i].turn,
-                                                               limit=max_len - max_new_tokens):
+                if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
+                                                           limit=max_len - max_new_tokens):
                     envs[i].done = True
                     ended[i] = True
         steps += len(active)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.chat import Episode
+from freshper.trainer.chat import Episode, game_feedback, game_opening
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.model import env_kwargs, load_policy
@@ -53,15 +53,19 @@ def test_one_chat_per_episode_with_masks_and_logprobs_in_line():
 
 def test_episode_tokens_are_the_generated_ones_and_the_template_only_appends():
     cfg, model, tok = setup()
-    ep = Episode(tok, "Rules.", "P_\n_G", 3, 8)
+    ep = Episode(tok, game_opening("Rules.", "P_\n_G", 3, 8))
     reply = tok("<answer>Right</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     n = len(ep)
     assert ep.add_reply(reply, [-0.5] * len(reply)) == "<answer>Right</answer>"
     assert ep.ids[n:] == reply and ep.mask[n:] == [True] * len(reply)
-    ep.add_feedback(-0.1, "_P\n_G", 2)
+    assert ep.add_user(game_feedback(-0.1, 1, "_P\n_G", 2, 8))
     assert ep.ids[:n + len(reply)] == ep.ids[:n] + reply
     full = tok.apply_chat_template(ep.messages, tokenize=False, add_generation_prompt=True)
     assert tok.decode(ep.ids) == full and "Reward:\n-0.1\nTurn 1:" in full
+    ep.add_reply(reply, [])
+    before = list(ep.ids)
+    assert not ep.add_user("x " * 50, limit=len(ep) + 5) and ep.messages[-1]["role"] == "assistant"
+    assert ep.ids == before, "a refused message leaves the episode as it was"
     with pytest.raises(ValueError, match="log-probs"):
         ep.add_reply([1, 2], [0.0])
 

@@ -38,7 +38,7 @@ def prompts(tr, n=6):
     env = make_env(tr.cfg.env.name, **env_kwargs(tr.cfg))
     out = []
     for s in range(n):
-        out.append(Episode(tr.tok, env.instruction, env.reset(100 + s), env.max_turns, 8).ids)
+        out.append(Episode(tr.tok, env.opening(env.reset(100 + s), 8)).ids)
     return out
 
 

@@ -1,6 +1,7 @@
 """Text environments for multi-turn agent RL, behind one registry."""
 from .base import ENVS, StepResult, TextEnv, make_env, parse_action
 from .frozenlake import FrozenLake
+from .math import Math
 from .sokoban import Sokoban
 
-__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "Sokoban"]
+__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "Math", "Sokoban"]

@@ -5,12 +5,19 @@ Environments are plain Python classes: `reset(seed) -> state text` and
 <answer>...</answer>; anything else is invalid: the state stays, the turn counts, and the
 format penalty is paid. The penalty is kept apart from the environment's reward, as in the
 paper's code: the training return adds it, the priority and the reported score do not.
-How the conversation around the states is worded lives in trainer/chat.py.
+Each environment words its own conversation (`opening`, `feedback`, `random_reply`); the games
+use the paper's templates from trainer/chat.py.
 """
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass, field
+
+from ..chat import game_feedback, game_opening
+
+# Seeds from here up address held-out initial states (validation); training draws seeds below it.
+EVAL_SEED_BASE = 2**31
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -64,6 +71,18 @@ class TextEnv:
         self.total_reward = 0.0
         self.total_penalty = 0.0
         return self.render()
+
+    def opening(self, state: str, max_words: int) -> list[dict]:
+        """The messages before the first reply."""
+        return game_opening(self.instruction, state, self.max_turns - self.turn, max_words)
+
+    def feedback(self, result: "StepResult", max_words: int) -> str:
+        """The user message after a turn that did not end the episode."""
+        return game_feedback(result.reward, self.turn, result.observation, self.max_turns - self.turn, max_words)
+
+    def random_reply(self, rng: random.Random) -> str:
+        """A well-formed reply with a uniformly random action (format-only warm start, tokenizer corpus)."""
+        return f"<answer>{rng.choice(self.actions)}</answer>"
 
     def _invalid_reward(self) -> float:
         """Environment reward of a turn whose answer did not parse (the penalty comes on top)."""

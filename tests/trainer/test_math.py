@@ -1,0 +1,114 @@
+"""The math environment: the scorer's equivalences and robustness, data loading, held-out problems."""
+import json
+import time
+
+import pytest
+
+from freshper.trainer import config
+from freshper.trainer.envs import make_env
+from freshper.trainer.envs.base import EVAL_SEED_BASE
+from freshper.trainer.envs.math import last_boxed, score
+
+
+@pytest.mark.parametrize("response,answer", [
+    ("so \\boxed{0.5}", "1/2"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{\\dfrac12}", "\\frac{1}{2}"),
+    ("The answer is \\boxed{12}.", "12"),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("first \\boxed{3}, then corrected: \\boxed{7}", "7"),  # the last box counts
+    ("the final answer is 42", "42"),  # no box: math-verify's own final-answer extraction
+    ("\\boxed{12}", "We add them... so the total is \\boxed{12}."),  # a full solution as the reference
+])
+def test_equivalent_answers_score_one(response, answer):
+    assert score(response, answer) == 1.0
+
+
+@pytest.mark.parametrize("response,answer", [
+    ("\\boxed{0.6}", "1/2"),
+    ("\\boxed{7}, no wait \\boxed{3}", "7"),  # the last box is 3
+    ("", "5"),
+    ("I do not know.", "5"),
+    ("\\boxed{", "5"),
+    ("\\boxed{}", "5"),
+    ("}}}{{{\\boxed{{{", "5"),
+])
+def test_wrong_or_missing_answers_score_zero(response, answer):
+    assert score(response, answer) == 0.0
+
+
+def test_adversarial_replies_are_bounded_in_time_and_never_raise():
+    huge = "\\boxed{" + "+".join(["x^{99999}"] * 5000) + "}"
+    nested = "\\boxed{" + "\\frac{" * 300 + "1" + "}{2}" * 300 + "}"
+    junk = "\\boxed{9" + "9" * 100_000 + "}"
+    for bad in (huge, nested, junk, "\x00\\boxed{1}\x00", None, 12):
+        t0 = time.perf_counter()
+        assert score(bad, "1") in (0.0, 1.0)
+        assert time.perf_counter() - t0 < 10
+    assert score("\\boxed{1}", None) == 0.0
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{1} \\boxed {2}") == "2"
+    assert last_boxed("none") is None and last_boxed("\\boxed{open") is None
+
+
+def test_procedural_problems_seeded_and_held_out_disjoint():
+    env = make_env("math", digits=1)
+    train = {env.reset(s) for s in range(2000)}
+    held = {env.reset(EVAL_SEED_BASE + s) for s in range(500)}
+    assert not (train & held) and len(held) == 10 and len(train) == 90
+    env.reset(7)
+    q, a = env.question, env.answer
+    x, y = (int(t) for t in q.removeprefix("What is ").removesuffix("?").split(" + "))
+    assert int(a) == x + y
+    r = env.step(f"so the sum is \\boxed{{{a}}}")
+    assert (r.reward, r.penalty, r.success, r.done) == (1.0, 0.0, True, True)
+    env.reset(7)
+    r = env.step("no box here")
+    assert (r.reward, r.penalty, r.valid) == (0.0, -0.15, False)
+    msgs = env.opening(env.reset(7), 16)
+    assert msgs == [{"role": "user", "content": f"{q}\nPlease reason step by step, and put your final answer "
+                                                "within \\boxed{}."}]
+
+
+def test_dataset_files_keys_and_errors(tmp_path):
+    rows = [{"question": f"What is {i} times 2?", "solution": f"It is \\boxed{{{2 * i}}}."} for i in range(20)]
+    jl = tmp_path / "train.jsonl"
+    jl.write_text("\n".join(json.dumps(r) for r in rows))
+    env = make_env("math", data=str(jl), question_key="question", answer_key="solution")
+    assert len(env.train) == 18 and len(env.held_out) == 2
+    env.reset(3)
+    assert env.question == "What is 3 times 2?" and env.step("\\boxed{6}").reward == 1.0
+    env.reset(EVAL_SEED_BASE)
+    assert env.question == "What is 18 times 2?"
+    import datasets
+
+    pq = tmp_path / "eval.parquet"
+    datasets.Dataset.from_list(rows[:3]).to_parquet(str(pq))
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    env = make_env("math", data=str(saved), eval_data=str(pq), question_key="question", answer_key="solution")
+    assert len(env.train) == 20 and len(env.held_out) == 3
+    with pytest.raises(ValueError, match="env.question_key='problem' is not a column"):
+        make_env("math", data=str(jl))
+    with pytest.raises(ValueError, match="does not exist"):
+        make_env("math", data=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="env.data"):
+        config.load("math-cpu", None, {"env.data": str(tmp_path / "missing.jsonl")})
+
+
+def test_math_cpu_iteration_reports_avg_and_pass_at_k(tmp_path):
+    from freshper.trainer.loop import Trainer
+
+    cfg = config.load("math-cpu", None, {"train.iterations": 1, "rollout.episodes": 8, "rollout.group_size": 4,
+                                         "eval.every": 1, "eval.episodes": 4, "eval.samples": 3,
+                                         "model.tiny_hidden": 64, "model.tiny_layers": 1, "train.sft_steps": 3,
+                                         "train.progress": False, "algo.replay_batch": 8})
+    rows = Trainer(cfg, tmp_path / "m").run()
+    r = rows[0]
+    assert r["env_steps"] == 8 and r["turns"] == 1.0
+    assert 0 <= r["eval_success"] <= r["eval_pass_at_k"] <= 1
+    with pytest.raises(ValueError, match="eval.temperature"):
+        config.load("math-cpu", None, {"eval.temperature": 0.0})
