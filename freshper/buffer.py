@@ -16,6 +16,7 @@ Every public method validates all of its input before it changes any state.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 from typing import Callable
@@ -23,10 +24,24 @@ from typing import Callable
 import numpy as np
 import torch
 
-from freshper import checkpoint, sumtree
-from freshper.kernels import sampler as fused
+from freshper import checkpoint
 from freshper.priorities import MODES, log_keys
-from freshper.sumtree import SumMinTree
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # looked up, not imported
+
+
+def _sumtree():
+    """The numba tree, imported (and its functions compiled) only by buffers that use it."""
+    from freshper import sumtree
+
+    return sumtree
+
+
+def _fused():
+    """The sampler kernels and reference, imported on first sample (triton on CUDA)."""
+    from freshper.kernels import sampler
+
+    return sampler
 
 EVICTIONS = ("fifo", "stalest")
 SAMPLERS = ("auto", "tree", "scan", "triton")
@@ -96,7 +111,7 @@ class ReplayBuffer:
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.device = torch.device(device)
         if sampler == "auto":
-            sampler = "triton" if self.device.type == "cuda" and fused.HAS_TRITON else (
+            sampler = "triton" if self.device.type == "cuda" and HAS_TRITON else (
                 "tree" if self.device.type == "cpu" else "scan")
         if sampler == "tree" and self.device.type != "cpu":
             raise ValueError(f"sampler='tree' needs device='cpu', got device={self.device}")
@@ -116,7 +131,7 @@ class ReplayBuffer:
         self._max_priority = 1.0  # largest raw priority ever written (standard PER starts at 1)
         self._gen = torch.Generator(device=d)
         self._gen.manual_seed(seed)
-        self._tree = SumMinTree(capacity) if sampler == "tree" else None
+        self._tree = _sumtree().SumMinTree(capacity) if sampler == "tree" else None
         self._ref = 0.0
         self._mirror = None  # created on the first save
         self._bind_views()
@@ -193,6 +208,7 @@ class ReplayBuffer:
         """Set priorities of `slots` (a repeated slot keeps its last value), mark them live and,
         with `step`, re-stamp their birth. Returns how many of them were empty."""
         if self._tree is not None:
+            sumtree = _sumtree()
             newly, kmax = sumtree.write_slots(
                 self._np_log_base, self._np_birth, self._np_live, self._np_keys, self._tree.sums, self._tree.mins,
                 self._tree.size, slots.numpy(), p.numpy(), self.eps, 0 if step is None else step, step is not None,
@@ -341,12 +357,12 @@ class ReplayBuffer:
             probs = torch.empty(batch_size, dtype=torch.float64)
             weights = torch.empty(batch_size, dtype=torch.float64)
             t = self._tree
-            sumtree.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
+            _sumtree().sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
                                  weights.numpy())
         elif self.sampler == "triton":
-            idx, probs, weights = fused.sample_triton(self._keys, u, beta, check_live=False)  # size > 0 above
+            idx, probs, weights = _fused().sample_triton(self._keys, u, beta, check_live=False)  # size > 0 above
         else:
-            idx, probs, weights = fused.sample_reference(self._keys, u, beta, check_live=False)
+            idx, probs, weights = _fused().sample_reference(self._keys, u, beta, check_live=False)
         birth = self._birth[idx]
         fields = {name: t[idx] for name, t in self._fields.items()}
         return SampleBatch(idx, weights, probs, birth, step - birth, beta, fields)

@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from freshper.kernels.backend import interpreted
 from freshper.mirror import CpuMirror
 from freshper.schedule import LinearSchedule, schedule_from_dict
 
@@ -174,7 +173,7 @@ def buffer_from_file(cls, path, *, device=None, beta=None):
     sampler = cfg["sampler"]
     # The saved sampler where it can run on `device`, else the device's default.
     if (sampler == "tree" and device.type != "cpu") or (
-            sampler == "triton" and device.type != "cuda" and not interpreted()):
+            sampler == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"):
         sampler = "auto"
     buf = cls(cfg["capacity"], mode=cfg["mode"], alpha=cfg["alpha"], beta=beta, tau=cfg["tau"], eps=cfg["eps"],
               eviction=cfg["eviction"], device=device, seed=cfg["seed"], sampler=sampler,

@@ -1,6 +1,8 @@
 """Triton kernels, each beside its torch reference. Nothing here knows about buffers or models.
 
-On CUDA the public functions run the Triton kernels; elsewhere the torch references.
+On CUDA the public functions run the Triton kernels; elsewhere the torch references. Importing
+this package loads triton where it is installed; `import freshper` (the buffer) does not import
+this package until its first sample.
 """
 from .fused_linear_policy_loss import fused_linear_policy_loss, token_logprobs
 from .policy_loss import AGGREGATIONS, loss_and_grad, policy_loss, policy_loss_reference, policy_loss_triton

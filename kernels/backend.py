@@ -2,21 +2,33 @@
 
 On a machine without a GPU `import triton` succeeds but a launch fails ("0 active drivers")
 unless TRITON_INTERPRET=1 was set before triton was first imported. The tests set it and call
-the `*_triton` functions directly; library code asks `use_triton` at run time.
+the `*_triton` functions directly; library code asks `use_triton` at run time. Whether triton is
+installed is looked up without importing it: only a module that defines kernels imports it.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 
 import torch
 
-try:
-    import triton  # noqa: F401
-    import triton.language as tl  # noqa: F401
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # macOS, Windows: the torch reference serves
 
-    HAS_TRITON = True
-except ImportError:  # macOS, Windows: the torch reference serves everywhere
-    HAS_TRITON = False
+
+@contextlib.contextmanager
+def launch_range(name: str):
+    """A named range around a kernel launch: a torch.profiler label, and an NVTX range when CUDA
+    is in use (torch's own NVTX binding; kernels import nothing from freshper.profiling)."""
+    with torch.profiler.record_function(name):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.nvtx.range_push(name)
+            try:
+                yield
+            finally:
+                torch.cuda.nvtx.range_pop()
+        else:
+            yield
 
 
 def interpreted() -> bool:

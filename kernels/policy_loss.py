@@ -27,9 +27,7 @@ import math
 
 import torch
 
-from freshper.profiling.nvtx import nvtx_range
-
-from .backend import HAS_TRITON, require_triton, use_triton
+from .backend import HAS_TRITON, launch_range, require_triton, use_triton
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 _STATS = ("clip_frac", "ratio_mean", "kl_mean", "tokens")
@@ -158,7 +156,7 @@ def loss_and_grad_triton(logp, old_logp, advantages, mask, weights=None, *, clip
     n_chunks = triton.cdiv(T, block_t) if T > 0 else 0
     parts = torch.empty((B, n_chunks, 5), dtype=torch.float32, device=dev)
     if B > 0 and T > 0:
-        with nvtx_range("kernel:policy_loss"):
+        with launch_range("kernel:policy_loss"):
             _policy_loss_fwd[(B, n_chunks)](
                 logp, old_logp, adv, mask, w, ref, tis, dl, parts, T,
                 logp.stride(0), old_logp.stride(0), *adv_strides, mask.stride(0),

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from freshper.profiling.nvtx import nvtx_range
-
-from .backend import HAS_TRITON, interpreted, require_triton, use_triton
+from .backend import HAS_TRITON, interpreted, launch_range, require_triton, use_triton
 
 if HAS_TRITON:
     import triton
@@ -184,7 +182,7 @@ def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block
     idx = torch.empty(n_draws, dtype=torch.int64, device=dev)
     prob = torch.empty(n_draws, dtype=torch.float64, device=dev)
     w = torch.empty(n_draws, dtype=torch.float64, device=dev)
-    with nvtx_range("kernel:sampler"):
+    with launch_range("kernel:sampler"):
         _block_stats[(nb,)](keys, n, bmax, bsum, bmin, subs, BLOCK=block, SUB=sub)
         _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, bmin, subs, nb, uniforms.contiguous(), n_draws,
                                                 float(beta), idx, prob, w, BLOCK=block, SUB=sub,

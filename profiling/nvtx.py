@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from freshper.kernels.backend import launch_range
+
 try:
     import nvtx as _nvtx
 except ImportError:
@@ -20,19 +22,13 @@ _COLORS = {"rollout": "green", "generate": "lime", "env_step": "olive", "logprob
 
 @contextlib.contextmanager
 def nvtx_range(name: str):
-    """A named range: NVTX when CUDA is in use, plus a torch.profiler record_function."""
-    with torch.profiler.record_function(name):
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            if _nvtx is not None:
-                with _nvtx.annotate(name, color=_COLORS.get(name, "white")):
-                    yield
-            else:
-                torch.cuda.nvtx.range_push(name)
-                try:
-                    yield
-                finally:
-                    torch.cuda.nvtx.range_pop()
-        else:
+    """A named range: a torch.profiler label, and NVTX when CUDA is in use (coloured through the
+    `nvtx` package when it is installed, else torch's binding, as kernel launches are)."""
+    if _nvtx is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        with torch.profiler.record_function(name), _nvtx.annotate(name, color=_COLORS.get(name, "white")):
+            yield
+    else:
+        with launch_range(name):
             yield
 
 

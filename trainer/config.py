@@ -16,108 +16,114 @@ from pathlib import Path
 import yaml
 
 
+def opt(default, help: str):
+    """A config field: its default and one line of help (shown by --help)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class ModelConfig:
-    path: str = ""  # local path or hub id of a causal LM; empty: the tiny model built for the env
-    tiny_hidden: int = 128  # tiny model: hidden size (head_dim is 64, so heads = hidden / 64)
-    tiny_layers: int = 2  # tiny model: transformer layers
-    tiny_vocab: int = 1024  # tiny model: BPE vocabulary trained offline on the env's conversations
-    dtype: str = "auto"  # auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16
-    attn: str = "auto"  # auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager
-    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+    path: str = opt("", "local path or hub id of a causal LM; empty: the tiny model built for the env")
+    tiny_hidden: int = opt(128, "tiny model: hidden size (head_dim is 64, so heads = hidden / 64)")
+    tiny_layers: int = opt(2, "tiny model: transformer layers")
+    tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations")
+    dtype: str = opt("auto", "auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16")
+    attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
 
 
 @dataclass
 class EnvConfig:
-    name: str = "frozenlake"  # frozenlake | sokoban | math
-    max_turns: int = 10  # actions per episode (the paper's max_actions_per_traj)
-    format_penalty: float = -0.15  # added to the return of a turn whose answer does not parse
-    size: int = 4  # grid side
-    boxes: int = 1  # sokoban: number of boxes
-    p_frozen: float = 0.8  # frozenlake: probability that a tile is ice
-    search_depth: int = 300  # sokoban: depth of the reverse-play search that places the boxes
-    data: str = ""  # math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b
-    eval_data: str = ""  # math: held-out problems (same forms); empty: the last tenth of env.data
-    question_key: str = "problem"  # math: column of the question
-    answer_key: str = "answer"  # math: column of the answer (a full solution with a \boxed{} works too)
-    digits: int = 2  # math without data: digits of each operand of a + b
+    name: str = opt("frozenlake", "frozenlake | sokoban | math")
+    max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
+    format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
+    size: int = opt(4, "grid side")
+    boxes: int = opt(1, "sokoban: number of boxes")
+    p_frozen: float = opt(0.8, "frozenlake: probability that a tile is ice")
+    search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes")
+    data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b")
+    eval_data: str = opt("", "math: held-out problems (same forms); empty: the last tenth of env.data")
+    question_key: str = opt("problem", "math: column of the question")
+    answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
+    digits: int = opt(2, "math without data: digits of each operand of a + b")
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (transformers generate) | vllm (colocated vLLM)
-    episodes: int = 32  # episodes per iteration
-    group_size: int = 4  # episodes per initial state (GRPO groups share a seed)
-    max_new_tokens: int = 8  # tokens per reply (also the prompt's "Max response length")
-    max_len: int = 1280  # tokens per episode (the whole chat); an episode that cannot fit a reply ends
-    temperature: float = 0.99  # sampling temperature (the paper's code: 0.99)
-    top_p: float = 0.99  # nucleus sampling (the paper's code: 0.99; 1 is off)
-    top_k: int = 100  # top-k sampling (the paper's code: 100; 0 is off)
-    gpu_memory_utilization: float = 0.3  # vllm: fraction of GPU memory for weights and KV cache
-    vllm_sleep: bool = True  # vllm on CUDA: release KV cache and weights during training
+    engine: str = opt("hf", "hf (transformers generate) | vllm (colocated vLLM)")
+    episodes: int = opt(32, "episodes per iteration")
+    group_size: int = opt(4, "episodes per initial state (GRPO groups share a seed)")
+    max_new_tokens: int = opt(8, "tokens per reply (also the prompt's \"Max response length\")")
+    max_len: int = opt(1280, "tokens per episode (the whole chat); an episode that cannot fit a reply ends")
+    temperature: float = opt(0.99, "sampling temperature (the paper's code: 0.99)")
+    top_p: float = opt(0.99, "nucleus sampling (the paper's code: 0.99; 1 is off)")
+    top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)")
+    gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache")
+    vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training")
 
 
 @dataclass
 class EvalConfig:
-    every: int = 10  # iterations between validation rollouts (0: none); the last iteration is evaluated too
-    episodes: int = 32  # validation episodes, one per fixed initial state disjoint from training's
-    temperature: float = 0.0  # validation sampling temperature (0: greedy)
-    samples: int = 1  # replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k
+    every: int = opt(10, "iterations between validation rollouts (0: none); the last iteration is evaluated too")
+    episodes: int = opt(32, "validation episodes, one per fixed initial state disjoint from training's")
+    temperature: float = opt(0.0, "validation sampling temperature (0: greedy)")
+    samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k")
 
 
 @dataclass
 class AlgoConfig:
-    mode: str = "freshper"  # on-policy | per | freshper | uniform (replay without priorities)
-    advantage: str = "reinforce"  # reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo
-    whiten: bool = True  # whiten advantages over the batch's response tokens (the paper's code)
-    adv_clip: float = 0.2  # clip advantages to [-adv_clip, adv_clip] after whitening (0: off)
-    replay_advantage: str = "recompute"  # recompute (within each replay batch, the paper's code) | stored
-    replay_updates: int = 2  # K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)
-    replay_batch: int = 32  # trajectories per replay update
-    capacity: int = 100000  # buffer capacity in trajectories (the paper's runs evict nothing)
-    insert_priority: str = "max"  # max (new trajectories at the largest priority seen, standard PER) | own
-    alpha: float = 0.6  # priority exponent
-    is_weights: bool = False  # scale replayed losses by IS weights (off in the paper's code)
-    beta: float = 0.4  # IS-weight exponent
-    beta_end: float = 0.4  # IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)
-    beta_steps: int = 200  # iterations over which beta anneals linearly
-    tau: float = 1000.0  # freshness decay time in iterations (paper: 500, 1000 for FrozenLake)
-    tau_auto: bool = False  # freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)
-    tau_min: float = 20.0  # tau_auto: lower bound on tau
-    tau_max: float = 5000.0  # tau_auto: upper bound on tau
-    drift_ema: float = 0.9  # tau_auto: smoothing of the drift-rate estimate across iterations
-    eps: float = 1e-6  # added to base priorities
-    eviction: str = "fifo"  # fifo | stalest
-    priority: str = "reward"  # reward (|episode reward|, format penalty excluded, the paper's) | advantage
-    behaviour_logp: str = "before"  # before (the acting policy: the true ratio) | after (the paper's code)
-    clip_low: float = 0.2  # PPO clip below 1
-    clip_high: float = 0.2  # PPO clip above 1
-    kl_coef: float = 0.0  # k3 KL penalty to the initial policy (needs a reference model copy)
-    tis_cap: float = 0.0  # truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off
-    agg: str = "seq-mean-token-sum"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
-    lr: float = 1e-4  # AdamW peak learning rate
-    lr_schedule: str = "cosine"  # cosine (to 0 over the run, the paper's code) | constant
-    warmup_steps: int = 10  # linear learning-rate warm-up, in optimizer steps
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max gradient norm
-    micro_batch: int = 16  # episodes per forward/backward
+    mode: str = opt("freshper", "on-policy | per | freshper | uniform (replay without priorities)")
+    advantage: str = opt("reinforce", "reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo")
+    whiten: bool = opt(True, "whiten advantages over the batch's response tokens (the paper's code)")
+    adv_clip: float = opt(0.2, "clip advantages to [-adv_clip, adv_clip] after whitening (0: off)")
+    replay_advantage: str = opt("recompute", "recompute (within each replay batch, the paper's code) | stored")
+    replay_updates: int = opt(2, "K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)")
+    replay_batch: int = opt(32, "trajectories per replay update")
+    capacity: int = opt(100000, "buffer capacity in trajectories (the paper's runs evict nothing)")
+    insert_priority: str = opt("max", "max (new trajectories at the largest priority seen, standard PER) | own")
+    alpha: float = opt(0.6, "priority exponent")
+    is_weights: bool = opt(False, "scale replayed losses by IS weights (off in the paper's code)")
+    beta: float = opt(0.4, "IS-weight exponent")
+    beta_end: float = opt(0.4, "IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)")
+    beta_steps: int = opt(200, "iterations over which beta anneals linearly")
+    tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake)")
+    tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)")
+    tau_min: float = opt(20.0, "tau_auto: lower bound on tau")
+    tau_max: float = opt(5000.0, "tau_auto: upper bound on tau")
+    drift_ema: float = opt(0.9, "tau_auto: smoothing of the drift-rate estimate across iterations")
+    eps: float = opt(1e-6, "added to base priorities")
+    eviction: str = opt("fifo", "fifo | stalest")
+    priority: str = opt("reward", "reward (|episode reward|, format penalty excluded, the paper's) | advantage")
+    behaviour_logp: str = opt("before", "before (the acting policy: the true ratio) | after (the paper's code)")
+    clip_low: float = opt(0.2, "PPO clip below 1")
+    clip_high: float = opt(0.2, "PPO clip above 1")
+    kl_coef: float = opt(0.0, "k3 KL penalty to the initial policy (needs a reference model copy)")
+    tis_cap: float = opt(0.0, "truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off")
+    agg: str = opt("seq-mean-token-sum", "token-mean | seq-mean-token-mean | seq-mean-token-sum")
+    lr: float = opt(1e-4, "AdamW peak learning rate")
+    lr_schedule: str = opt("cosine", "cosine (to 0 over the run, the paper's code) | constant")
+    warmup_steps: int = opt(10, "linear learning-rate warm-up, in optimizer steps")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    grad_clip: float = opt(1.0, "max gradient norm")
+    micro_batch: int = opt(16, "episodes per forward/backward")
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 80  # training iterations
-    seed: int = 0  # seeds the model init, env maps, sampling and the buffer
-    run_dir: str = "runs"  # parent folder of run folders
-    name: str = ""  # run folder name; empty: <env>-<mode>-s<seed>
-    device: str = "auto"  # auto (cuda if available) | cpu | cuda
-    checkpoint_every: int = 25  # iterations between checkpoints (and one at the end)
-    keep_checkpoints: int = 2  # checkpoints kept on disk
-    sft_steps: int = 60  # warm-start: supervised steps on well-formed random actions (0: none)
-    sft_lr: float = 1e-3  # warm-start learning rate
-    env_step_budget: int = 0  # stop once this many env steps are spent (0: no budget)
-    threads: int = 0  # torch CPU threads (0: torch's default)
-    deterministic: bool = False  # GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)
-    progress: bool = True  # tqdm progress bar
+    iterations: int = opt(80, "training iterations")
+    seed: int = opt(0, "seeds the model init, env maps, sampling and the buffer")
+    run_dir: str = opt("runs", "parent folder of run folders")
+    name: str = opt("", "run folder name; empty: <env>-<mode>-s<seed>")
+    device: str = opt("auto", "auto (cuda if available) | cpu | cuda")
+    checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)")
+    keep_checkpoints: int = opt(2, "checkpoints kept on disk")
+    sft_steps: int = opt(60, "warm-start: supervised steps on well-formed random actions (0: none)")
+    sft_lr: float = opt(1e-3, "warm-start learning rate")
+    env_step_budget: int = opt(0, "stop once this many env steps are spent (0: no budget)")
+    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+    deterministic: bool = opt(False,
+                             "GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)")
+    progress: bool = opt(True, "tqdm progress bar")
 
 
 @dataclass
@@ -133,22 +139,34 @@ class Config:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "model.dtype": ("auto", "float32", "bfloat16"),
-    "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "env.name": ("frozenlake", "sokoban", "math"),
-    "rollout.engine": ("hf", "vllm"),
-    "algo.mode": ("on-policy", "per", "freshper", "uniform"),
-    "algo.advantage": ("reinforce", "reinforce++", "grpo"),
-    "algo.replay_advantage": ("recompute", "stored"),
-    "algo.insert_priority": ("max", "own"),
-    "algo.behaviour_logp": ("before", "after"),
-    "algo.lr_schedule": ("cosine", "constant"),
-    "algo.eviction": ("fifo", "stalest"),
-    "algo.priority": ("reward", "advantage"),
-    "algo.agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "train.device": ("auto", "cpu", "cuda"),
-}
+def _choices() -> dict[str, tuple]:
+    """Allowed values of the choice fields, each taken from the code that implements them."""
+    from freshper.buffer import EVICTIONS
+    from freshper.kernels.policy_loss import AGGREGATIONS
+    from freshper.priorities import BASE_PRIORITIES, MODES
+
+    from .advantages import ESTIMATORS
+    from .envs import ENVS
+
+    return {
+        "model.dtype": ("auto", "float32", "bfloat16"),
+        "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
+        "env.name": tuple(ENVS),
+        "rollout.engine": ("hf", "vllm"),
+        "algo.mode": ("on-policy", *MODES),
+        "algo.advantage": ESTIMATORS,
+        "algo.replay_advantage": ("recompute", "stored"),
+        "algo.insert_priority": ("max", "own"),
+        "algo.behaviour_logp": ("before", "after"),
+        "algo.lr_schedule": ("cosine", "constant"),
+        "algo.eviction": EVICTIONS,
+        "algo.priority": BASE_PRIORITIES,
+        "algo.agg": AGGREGATIONS,
+        "train.device": ("auto", "cpu", "cuda"),
+    }
+
+
+CHOICES = _choices()
 
 # The paper's setting on a GPU node, from the authors' example configs (ROLL agentic pipeline):
 # Qwen2.5-0.5B-Instruct, 128 groups x 8 episodes = 1,024 per iteration, 64-token replies,
@@ -179,12 +197,15 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
     "qwen2.5-0.5b-sokoban-hard": {**_PAPER_GPU, **_SOKOBAN_HARD},
     # Math. CPU: a + b with one-digit operands, scored by the same verifier as real data; the
-    # tiny model learns it in minutes. GPU: the paper's AIME setting as far as the paper states
+    # tiny model learns it in minutes with the advantage clip off and lr 1e-3 (with the paper's
+    # +-0.2 clip on whitened advantages the rare early successes carry too little weight).
+    # GPU: the paper's AIME setting as far as the paper states
     # it (README, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
     "math-cpu": {"env.name": "math", "env.digits": 1, "env.max_turns": 1, "rollout.max_new_tokens": 16,
                  "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 5, "eval.episodes": 32,
-                 "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 60, "algo.tau": 200.0},
+                 "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 60, "algo.tau": 200.0,
+                 "algo.adv_clip": 0.0, "algo.lr": 1e-3},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
                              "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
@@ -201,21 +222,13 @@ SECTIONS = {f.name: f.type for f in fields(Config)}
 
 
 def field_table() -> dict[str, tuple[type, object, str]]:
-    """{'section.field': (type, default, help)} for every field, help from the source comments."""
-    import inspect
-
+    """{'section.field': (type, default, help)} for every field, help from the fields' metadata."""
     out = {}
     for sec in fields(Config):
-        cls = {"model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "eval": EvalConfig,
-               "algo": AlgoConfig, "train": TrainConfig}[sec.name]
-        helps = {}
-        for line in inspect.getsource(cls).splitlines():
-            line = line.strip()
-            if ":" in line and "#" in line and not line.startswith(("#", '"')):
-                helps[line.split(":")[0].strip()] = line.split("#", 1)[1].strip()
+        cls = sec.default_factory
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
-            out[f"{sec.name}.{f.name}"] = (hints[f.name], getattr(cls(), f.name), helps.get(f.name, ""))
+            out[f"{sec.name}.{f.name}"] = (hints[f.name], f.default, f.metadata["help"])
     return out
 
 

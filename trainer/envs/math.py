@@ -8,9 +8,11 @@ thousand characters, a box to a few hundred, and math-verify's own timeouts appl
 (they use signals, so only on the main thread).
 
 Problems come from
-- the procedural task (`data` empty): "What is a + b?" with `digits`-digit operands. A tenth of
-  the (a, b) pairs, those with (31 a + 17 b) mod 10 = 0 (one b for every a, and one a for every
-  b), are held out for validation, so evaluation never sees a training problem;
+- the procedural task (`data` empty): "What is a + b?" with `digits`-digit operands drawn from
+  the seed. Validation draws problems from the same distribution with seeds training never
+  uses, as the games' validation does; with one digit there are only 100 problems, so it
+  measures skill at the task, not generalisation to unseen problems (a tiny model trained
+  from scratch does not learn addition itself in minutes; use `data` + `eval_data` for that);
 - a dataset (`data`): a local parquet/jsonl/json file or a folder saved by `datasets`, or
   "hub:ORG/NAME" to let `datasets` fetch it on a machine that can; nothing is downloaded
   otherwise. `question_key`/`answer_key` name the columns (the answer may be a full solution
@@ -128,13 +130,10 @@ class Math(TextEnv):
         self.correct = False
 
     def _procedural(self, seed: int) -> tuple[str, str]:
-        """a + b with `digits`-digit operands; pairs with (31 a + 17 b) mod 10 = 0 are held out."""
+        """a + b with `digits`-digit operands drawn from `seed`."""
         rng, n = random.Random(seed), 10 ** self.digits
-        held = seed >= EVAL_SEED_BASE
-        while True:
-            a, b = rng.randrange(n), rng.randrange(n)
-            if ((31 * a + 17 * b) % 10 == 0) == held:
-                return f"What is {a} + {b}?", str(a + b)
+        a, b = rng.randrange(n), rng.randrange(n)
+        return f"What is {a} + {b}?", str(a + b)
 
     def _reset(self, seed: int) -> None:
         if not self.train:

@@ -1,0 +1,246 @@
+"""FreshPER replay inside TRL's GRPOTrainer: one import and one class swap.
+
+    from freshper.integrations.trl import FreshPERGRPOConfig, FreshPERGRPOTrainer
+    args = FreshPERGRPOConfig(output_dir="out", replay_mode="freshper", replay_tau=500, ...)  # + any GRPOConfig field
+    trainer = FreshPERGRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...)
+
+What it adds to GRPO (TRL 1.x):
+- Every generated completion is stored (prompt, completion, masks, the behaviour log-probs of
+  the policy that generated it, its advantage and reward) in a FreshPER buffer on the training
+  device, at the current optimizer step; priority |advantage| or |reward|.
+- After each optimizer step, `replay_updates` replay steps: a batch sampled from the buffer
+  (FreshPER, PER or uniform), the token-level clipped loss with ratios against the stored
+  behaviour log-probs, each completion weighted by its IS weight (`replay_is_weights`), through
+  freshper.kernels.policy_loss; each step clips gradients and steps the optimizer (the learning
+  rate schedule advances with TRL's own steps only).
+- Optionally, as TRL's experimental replay-buffer GRPO trainer did, groups of a fresh batch whose
+  rewards do not vary (zero advantage, no gradient) are replaced by completions sampled from the
+  buffer (`replay_fill_zero_variance`), with their stored advantages and log-probs.
+- Diagnostics in TRL's logs: replay/loss, replay/clip_frac, replay/age_mean, replay/age_max,
+  replay/is_ess, replay/buffer_size. The buffer is saved in each checkpoint and restored on resume.
+Single process (one device); the buffer is not sharded across ranks yet.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from freshper import ReplayBuffer
+from freshper.kernels import policy_loss
+
+_BUFFER_FILE = "freshper_buffer.safetensors"
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class FreshPERGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the replay options (all prefixed `replay_`)."""
+
+    replay_mode: str = _opt("freshper", "freshper | per | uniform (replay without priorities)")
+    replay_updates: int = _opt(1, "K: replay steps after each optimizer step (0: none)")
+    replay_batch_size: int = _opt(0, "completions per replay step (0: per_device_train_batch_size)")
+    replay_capacity: int = _opt(10_000, "completions the buffer holds (FIFO eviction)")
+    replay_alpha: float = _opt(0.6, "priority exponent")
+    replay_beta: float = _opt(0.4, "IS-weight exponent")
+    replay_tau: float = _opt(500.0, "freshness decay time, in optimizer steps")
+    replay_eps: float = _opt(1e-6, "added to every base priority")
+    replay_priority: str = _opt("advantage", "advantage (|advantage|) | reward (|reward|)")
+    replay_is_weights: bool = _opt(True, "weight replayed completions by their IS weights")
+    replay_fill_zero_variance: bool = _opt(False, "replace fresh groups whose rewards do not vary by replayed "
+                                                  "completions (TRL's experimental replay trainer)")
+    replay_max_prompt_length: int = _opt(512, "prompt tokens stored per completion (longer prompts are an error)")
+    replay_seed: int = _opt(0, "seed of the buffer's sampling")
+
+    def __post_init__(self):
+        super().__post_init__()
+        checks = {
+            "replay_mode": (self.replay_mode in ("freshper", "per", "uniform"), "one of freshper, per, uniform"),
+            "replay_priority": (self.replay_priority in ("advantage", "reward"), "one of advantage, reward"),
+            "replay_updates": (self.replay_updates >= 0, ">= 0"),
+            "replay_batch_size": (self.replay_batch_size >= 0, ">= 0"),
+            "replay_capacity": (self.replay_capacity > 0, "> 0"),
+            "replay_max_prompt_length": (self.replay_max_prompt_length > 0, "> 0"),
+        }
+        for name, (ok, allowed) in checks.items():
+            if not ok:
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+
+
+class _ReplayAfterStep(TrainerCallback):
+    def __init__(self, trainer: "FreshPERGRPOTrainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.replay_steps()
+
+
+class FreshPERGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer with a FreshPER replay buffer; takes a `FreshPERGRPOConfig` as `args`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        a = self.args
+        if not isinstance(a, FreshPERGRPOConfig):
+            raise TypeError(f"args must be a FreshPERGRPOConfig, got {type(a).__name__}")
+        self.replay_buffer = ReplayBuffer(a.replay_capacity, mode=a.replay_mode, alpha=a.replay_alpha,
+                                          beta=a.replay_beta, tau=a.replay_tau, eps=a.replay_eps,
+                                          device=self.accelerator.device, seed=a.replay_seed)
+        self._rewards = None
+        self.add_callback(_ReplayAfterStep(self))
+
+    # ------------------------------------------------------------------------- storing
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards = (per_func * self.reward_weights.to(per_func.device)[None]).nansum(1)
+        return per_func
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return out
+        ids, mask = out["completion_ids"], out["completion_mask"]
+        behaviour = out.get("old_per_token_logps")
+        if behaviour is None:  # TRL skips it when on-policy; replay needs the generating policy's log-probs
+            with torch.no_grad():
+                behaviour = self._get_per_token_logps_and_entropies(
+                    self.model, torch.cat([out["prompt_ids"], ids], 1), torch.cat([out["prompt_mask"], mask], 1),
+                    ids.size(1), self.args.per_device_train_batch_size)[0]
+        n = ids.size(0)
+        start = self.accelerator.process_index * n
+        rewards = self._rewards[start:start + n].float()
+        self._store(out, behaviour, rewards)
+        if self.args.replay_fill_zero_variance:
+            out = self._fill_zero_variance(out, behaviour)
+        return out
+
+    def _store(self, out, behaviour, rewards) -> None:
+        a = self.args
+        P, C = a.replay_max_prompt_length, a.max_completion_length
+        n, p, c = out["prompt_ids"].size(0), out["prompt_ids"].size(1), out["completion_ids"].size(1)
+        if p > P:
+            raise ValueError(f"a prompt batch is {p} tokens wide; raise replay_max_prompt_length (now {P})")
+        if c > C:
+            raise ValueError(f"completions are {c} tokens wide, more than max_completion_length={C}")
+        dev, pad = out["prompt_ids"].device, self._pad_id()
+
+        def fixed(t, width, left, value):
+            full = torch.full((n, width), value, dtype=t.dtype, device=dev)
+            if left:
+                full[:, width - t.size(1):] = t
+            else:
+                full[:, :t.size(1)] = t
+            return full
+
+        adv = out["advantages"].float()
+        base = adv.abs() if a.replay_priority == "advantage" else rewards.abs()
+        self.replay_buffer.add(
+            base.double(), step=self.state.global_step,
+            prompt_ids=fixed(out["prompt_ids"], P, True, pad), prompt_mask=fixed(out["prompt_mask"], P, True, 0),
+            completion_ids=fixed(out["completion_ids"], C, False, pad),
+            completion_mask=fixed(out["completion_mask"], C, False, 0),
+            logp=fixed(behaviour.float(), C, False, 0.0), adv=adv, reward=rewards)
+
+    def _pad_id(self) -> int:
+        tok = getattr(self.processing_class, "tokenizer", self.processing_class)  # a processor wraps one
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    # --------------------------------------------------------------------------- replay
+    def _replay_batch(self, n: int):
+        """A sampled batch trimmed to its own widths: (ids, attention mask, completion width, batch)."""
+        b = self.replay_buffer.sample(n, step=self.state.global_step)
+        p_keep = b.prompt_mask.bool().any(0).nonzero()
+        p0 = int(p_keep.min()) if p_keep.numel() else b.prompt_ids.size(1) - 1
+        c1 = max(1, int(b.completion_mask.sum(1).max()))
+        ids = torch.cat([b.prompt_ids[:, p0:], b.completion_ids[:, :c1]], 1)
+        att = torch.cat([b.prompt_mask[:, p0:], b.completion_mask[:, :c1]], 1)
+        return ids, att, c1, b
+
+    def replay_loss(self, ids, att, c1, b):
+        """The IS-weighted clipped token-level loss of a replayed batch (differentiable)."""
+        logps = self._get_per_token_logps_and_entropies(self.model, ids, att, c1, ids.size(0))[0]
+        weights = b.weights.float() if self.args.replay_is_weights else None
+        return policy_loss(logps, b.logp[:, :c1], b.adv, b.completion_mask[:, :c1].bool(), weights,
+                           clip_low=self.epsilon_low, clip_high=self.epsilon_high, agg="token-mean",
+                           return_stats=True)
+
+    def replay_steps(self) -> None:
+        """`replay_updates` optimizer steps on replayed batches; called after each optimizer step."""
+        a = self.args
+        if a.replay_updates == 0 or len(self.replay_buffer) == 0:
+            return
+        n = a.replay_batch_size or a.per_device_train_batch_size
+        self.model.train()
+        for _ in range(a.replay_updates):
+            ids, att, c1, b = self._replay_batch(n)
+            loss, stats = self.replay_loss(ids, att, c1, b)
+            self.accelerator.backward(loss)
+            if a.max_grad_norm:
+                self.accelerator.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            w, age = b.weights.double(), b.age.double()
+            m = self._metrics["train"]
+            m["replay/loss"].append(float(loss.detach()))
+            m["replay/clip_frac"].append(float(stats["clip_frac"]))
+            m["replay/age_mean"].append(float(age.mean()))
+            m["replay/age_max"].append(float(age.max()))
+            m["replay/is_ess"].append(float(w.sum() ** 2 / (w ** 2).sum() / w.numel()))
+        self._metrics["train"]["replay/buffer_size"].append(len(self.replay_buffer))
+
+    def _fill_zero_variance(self, out, behaviour):
+        """Swap the rows of groups whose advantages are all zero for replayed completions."""
+        G = self.num_generations
+        adv = out["advantages"]
+        flat = (adv.view(-1, G) == 0).all(1).repeat_interleave(G)
+        k = int(flat.sum())
+        if k == 0 or len(self.replay_buffer) == 0:
+            return out
+        _, _, _, b = self._replay_batch(k)
+        rows = flat.nonzero().squeeze(1)
+        P = max(out["prompt_ids"].size(1), int(b.prompt_mask.sum(1).max()))
+        C = max(out["completion_ids"].size(1), int(b.completion_mask.sum(1).max()))
+
+        def widen(t, width, left, value):
+            extra = width - t.size(1)
+            if extra <= 0:
+                return t
+            fill = torch.full((t.size(0), extra), value, dtype=t.dtype, device=t.device)
+            return torch.cat([fill, t] if left else [t, fill], 1)
+
+        pad_id = self._pad_id()
+        new = {"prompt_ids": widen(out["prompt_ids"], P, True, pad_id),
+               "prompt_mask": widen(out["prompt_mask"], P, True, 0),
+               "completion_ids": widen(out["completion_ids"], C, False, pad_id),
+               "completion_mask": widen(out["completion_mask"], C, False, 0),
+               "old_per_token_logps": widen(behaviour, C, False, 0.0)}
+        new["prompt_ids"][rows] = b.prompt_ids[:, -P:].to(new["prompt_ids"].dtype)
+        new["prompt_mask"][rows] = b.prompt_mask[:, -P:].to(new["prompt_mask"].dtype)
+        new["completion_ids"][rows] = b.completion_ids[:, :C].to(new["completion_ids"].dtype)
+        new["completion_mask"][rows] = b.completion_mask[:, :C].to(new["completion_mask"].dtype)
+        new["old_per_token_logps"][rows] = b.logp[:, :C].to(new["old_per_token_logps"].dtype)
+        advantages = adv.clone()
+        advantages[rows] = b.adv.to(adv.dtype)
+        out = {**out, **new, "advantages": advantages,
+               "num_items_in_batch": self.accelerator.gather(new["completion_mask"].sum()).sum()}
+        self._metrics["train"]["replay/filled_rows"].append(k)
+        return out
+
+    # ------------------------------------------------------------------------ checkpoint
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            self.replay_buffer.save(os.path.join(folder, _BUFFER_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and os.path.exists(os.path.join(checkpoint, _BUFFER_FILE)):
+            self.replay_buffer = ReplayBuffer.load(os.path.join(checkpoint, _BUFFER_FILE),
+                                                   device=self.accelerator.device)

@@ -1,0 +1,108 @@
+"""FreshPER inside TRL's GRPOTrainer, on CPU with a tiny random local model and a toy reward."""
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from freshper.integrations.trl import FreshPERGRPOConfig, FreshPERGRPOTrainer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    import os
+
+    from freshper.trainer import config
+    from freshper.trainer.model import build_tiny
+
+    os.environ.setdefault("FRESHPER_CACHE", str(tmp_path_factory.mktemp("cache")))
+    cfg = config.load("math-cpu", None, {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 300})
+    return str(build_tiny(cfg))
+
+
+def length_reward(completions, **kw):
+    return [len(c) / 10.0 for c in completions]
+
+
+def constant_reward(completions, **kw):
+    return [1.0 for _ in completions]
+
+
+def make(tmp_path, path, reward=length_reward, **over):
+    kw = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+              max_completion_length=8, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[],
+              use_cpu=True, bf16=False, save_strategy="no", replay_updates=1, replay_tau=10.0, seed=0)
+    kw.update(over)
+    args = FreshPERGRPOConfig(**kw)
+    ds = Dataset.from_list([{"prompt": f"What is {i} + {i + 1}?"} for i in range(16)])
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return FreshPERGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+
+
+def test_training_fills_the_buffer_and_a_replay_step_changes_the_parameters(tmp_path, tiny_model_dir):
+    tr = make(tmp_path, tiny_model_dir, lr_scheduler_type="constant")  # linear decay ends at lr 0
+    tr.train()
+    assert len(tr.replay_buffer) == 8  # 2 steps x 4 completions
+    logged = [h for h in tr.state.log_history if "replay/loss" in h]
+    assert logged and all(0 < h["replay/is_ess"] <= 1 for h in logged)
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    tr.replay_steps()
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
+
+
+def test_is_weights_enter_the_loss(tmp_path, tiny_model_dir):
+    tr = make(tmp_path, tiny_model_dir, replay_tau=1.0)
+    tr.train()
+    ids, att, c1, b = tr._replay_batch(6)
+    assert not torch.allclose(b.weights, torch.ones_like(b.weights)), "a case where the weights matter"
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    loss, _ = tr.replay_loss(ids, att, c1, b)
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+
+    def reference(weights):
+        logits = tr.model(input_ids=ids, attention_mask=att).logits[:, -c1 - 1:-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -c1:, None])[..., 0]
+        mask = b.completion_mask[:, :c1].bool()
+        r = torch.exp(logp - b.logp[:, :c1])
+        a = b.adv[:, None]
+        tok = -torch.minimum(r * a, r.clamp(1 - tr.epsilon_low, 1 + tr.epsilon_high) * a) * weights[:, None]
+        return (tok * mask).sum() / mask.sum()
+
+    want = torch.autograd.grad(reference(b.weights.float()), params, allow_unused=True)
+    unweighted = torch.autograd.grad(reference(torch.ones_like(b.weights.float())), params, allow_unused=True)
+    pairs = [(g, w, u) for g, w, u in zip(got, want, unweighted) if g is not None and w is not None]
+    for g, w, _ in pairs:
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert any(not torch.allclose(w, u, rtol=1e-3, atol=1e-7) for _, w, u in pairs), "weights change the gradient"
+
+
+def test_save_and_resume_keep_the_buffer(tmp_path, tiny_model_dir):
+    tr = make(tmp_path, tiny_model_dir, save_strategy="steps", save_steps=2)
+    tr.train()
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    assert (ckpt / "freshper_buffer.safetensors").exists()
+    saved = tr.replay_buffer.probabilities()
+    again = make(tmp_path, tiny_model_dir, save_strategy="steps", save_steps=2)
+    assert len(again.replay_buffer) == 0
+    again.create_optimizer_and_scheduler(num_training_steps=2)
+    again._load_optimizer_and_scheduler(str(ckpt))  # what train(resume_from_checkpoint=...) calls
+    assert len(again.replay_buffer) == len(tr.replay_buffer) == 8
+    torch.testing.assert_close(again.replay_buffer.probabilities(), saved)
+    a, b = again.replay_buffer.sample(4, step=2), tr.replay_buffer.sample(4, step=2)
+    assert torch.equal(a.indices, b.indices), "the sampling stream continues where it was saved"
+
+
+def test_zero_variance_groups_are_filled_from_the_buffer(tmp_path, tiny_model_dir):
+    tr = make(tmp_path, tiny_model_dir, reward=constant_reward, replay_fill_zero_variance=True, replay_updates=0,
+              max_steps=3)
+    tr.train()
+    filled = [h["replay/filled_rows"] for h in tr.state.log_history if "replay/filled_rows" in h]
+    assert filled and max(filled) == 4
+
+
+def test_bad_replay_options_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="replay_mode"):
+        FreshPERGRPOConfig(output_dir=str(tmp_path), replay_mode="lifo", use_cpu=True, report_to=[])
