@@ -2,11 +2,21 @@
 # One prepared GPU check that fits one device call (10 min per command, 15 min per session):
 # every step has its own timeout and the budgets add up to 520 s; the summary table is printed
 # whatever fails or times out. Logs go to $OUT (or ./gpu_check).
-#   bash profiling/gpu_check.sh            # on an H200 with torch + triton (3.6 or newer)
+#   bash profiling/gpu_check.sh --fetch-wheels   # here, before the device call: wheels the GPU
+#                                                # image lacks (gymnasium), into .whl/ (git-ignored)
+#   bash profiling/gpu_check.sh                  # on an H200 with torch + triton (3.6 or newer)
 # Steps and budgets (s): install 60, kernel tests compiled 170, bench_kernels 150,
 # bench_replay 60, trainer smoke 80.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fetch-wheels" ]; then
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
+    gymnasium==1.4.0 farama-notifications==0.0.4
+  ls .whl
+  exit 0
+fi
 out=${OUT:-gpu_check}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -53,8 +63,13 @@ trap print_summary EXIT
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-# The GPU image has torch, triton and transformers but nothing can be fetched there: install
-# the package itself only (no dependency resolution, no isolated build environment).
+# The GPU image has torch, triton, transformers, pyyaml, tqdm and matplotlib but nothing can be
+# fetched there: carried wheels (--fetch-wheels) go to /tmp/site, then the package itself only
+# (no dependency resolution, no isolated build environment).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if ! python3 -c "import freshper.kernels" 2>/dev/null; then
   step install 60 install.txt python3 -m pip install --no-deps --no-build-isolation -e . || cat "$out/install.txt"
 fi

@@ -41,7 +41,7 @@ ARMS = {
     "uniform": {"algo.mode": "uniform"},
 }
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
-               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 4_000)}
+               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800)}
 # two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
@@ -180,7 +180,7 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         if kl:
             ages = [max(a, 0.5) for a in kl]  # age 0 drawn at 0.5 on the log axis
             ax["kl"].plot(ages, [v[0] for v in kl.values()], marker="o", color=f"C{i}", label=label)
-    for key, name in (("success", "training success"), ("eval_success", "eval success (held-out states)")):
+    for key, name in (("success", "training success"), ("eval_success", "eval success (validation states)")):
         ax[key].set_xlabel("environment steps")
         ax[key].set_ylabel(f"{name}, mean and 95% band")
         ax[key].grid(alpha=0.3)
@@ -253,6 +253,8 @@ def main(argv) -> int:
     out = Path(args.run_dir) / f"compare-{name}"
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["freshper", "compare", *argv])
+    if args.report_only and (out / "command.txt").exists():  # keep the command that made the runs
+        command = (out / "command.txt").read_text().strip()
     jobs = plan(out, args.env, arms, args.seeds, budget, extra, taus)
     todo = [] if args.report_only else [j for j in jobs if j["cmd"]]
     if args.report_only and not all((j["run"] / "metrics.jsonl").exists() for j in jobs):

@@ -197,15 +197,17 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
     "qwen2.5-0.5b-sokoban-hard": {**_PAPER_GPU, **_SOKOBAN_HARD},
     # Math. CPU: a + b with one-digit operands, scored by the same verifier as real data; the
-    # tiny model learns it in minutes with the advantage clip off and lr 1e-3 (with the paper's
-    # +-0.2 clip on whitened advantages the rare early successes carry too little weight).
+    # tiny model learns it (slowly: eval avg@4 from 0.05, chance, to ~0.1-0.15 in 200 iterations,
+    # a few minutes) with the advantage clip off and a constant lr of 3e-4; with the paper's
+    # +-0.2 clip on whitened advantages the rare early successes carry too little weight, and
+    # lr 1e-3 learns and collapses again (measured; README, "Math").
     # GPU: the paper's AIME setting as far as the paper states
     # it (README, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
     "math-cpu": {"env.name": "math", "env.digits": 1, "env.max_turns": 1, "rollout.max_new_tokens": 16,
                  "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
-                 "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 5, "eval.episodes": 32,
-                 "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 60, "algo.tau": 200.0,
-                 "algo.adv_clip": 0.0, "algo.lr": 1e-3},
+                 "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
+                 "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
+                 "algo.adv_clip": 0.0, "algo.lr": 3e-4, "algo.lr_schedule": "constant"},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
                              "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
