@@ -164,8 +164,13 @@ class Sokoban(TextEnv):
 
     def _reset(self, seed: int) -> None:
         rng = random.Random(seed)
-        while (level := generate(self.size, self.size, self.n_boxes, rng, self.search_depth)) is None:
-            pass  # the same seeded stream draws new topologies: still a function of the seed
+        for _ in range(100):  # the same seeded stream draws new topologies: still a function of the seed
+            level = generate(self.size, self.size, self.n_boxes, rng, self.search_depth)
+            if level is not None:
+                break
+        else:
+            raise RuntimeError(f"no Sokoban level with {self.n_boxes} boxes in a {self.size}x{self.size} room after "
+                               f"400 topologies (seed {seed}); use fewer boxes or a larger env.size")
         floor, targets, boxes, player = level
         self.floor, self.targets, self.boxes, self.player = floor, targets, set(boxes), player
 
