@@ -122,7 +122,7 @@ def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool):
 def _train_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=_fields_help())
-    p.add_argument("--preset", default="frozenlake", help=f"one of: {', '.join(C.PRESETS)}")
+    p.add_argument("--preset", default="math-cpu", help=f"one of: {', '.join(C.PRESETS)}")
     p.add_argument("--config", help="a YAML file of {section: {field: value}}")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     return p

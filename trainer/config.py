@@ -181,7 +181,7 @@ _SOKOBAN_SIMPLE = {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.se
 _SOKOBAN_HARD = {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.search_depth": 10, "algo.tau": 500.0}
 
 PRESETS: dict[str, dict] = {
-    # The embedded default: FrozenLake with the tiny model on CPU, the paper's conventions at tiny
+    # FrozenLake with the tiny model on CPU (the dataclass defaults), the paper's conventions at tiny
     # scale. CPU capacities hold every trajectory of the run (or of a compare budget), as the
     # paper's 50k-100k buffers do, without allocating 100k whole-episode rows.
     "frozenlake": {"algo.capacity": 4096},

@@ -32,7 +32,8 @@ def read(path) -> list[dict]:
 
 
 def plot(run_dir, out: str | None = None) -> Path:
-    """Success rate and reward against environment steps; returns the PNG path."""
+    """Training success and reward against environment steps, with the validation rollouts'
+    eval_success and eval_score (no format penalties) as points; returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,12 +45,16 @@ def plot(run_dir, out: str | None = None) -> Path:
         raise ValueError(f"{run_dir}/metrics.jsonl holds no iterations yet")
     x = [r["env_steps"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, label in ((axes[0], "success", "success rate"), (axes[1], "reward", "episode reward")):
+    panels = ((axes[0], "success", "success rate", "eval_success"), (axes[1], "reward", "episode reward", "eval_score"))
+    for ax, key, label, ev in panels:
         y = [r[key] for r in rows]
         ax.plot(x, y, alpha=0.35, color="C0")
         k = max(1, len(y) // 15)
         smooth = [sum(y[max(0, i - k + 1):i + 1]) / len(y[max(0, i - k + 1):i + 1]) for i in range(len(y))]
-        ax.plot(x, smooth, color="C0", label=f"{label} (mean of {k})")
+        ax.plot(x, smooth, color="C0", label=f"training {label} (mean of {k})")
+        pts = [(r["env_steps"], r[ev]) for r in rows if ev in r]
+        if pts:
+            ax.plot(*zip(*pts), "o-", color="C1", label=f"validation ({ev})")
         ax.set_xlabel("environment steps")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
