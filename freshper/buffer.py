@@ -71,6 +71,13 @@ class SampleBatch:
     def __len__(self):
         return self.indices.numel()
 
+    @property
+    def ess_fraction(self) -> torch.Tensor:
+        """Effective sample size of the IS weights over the batch size, (sum w)^2 / (B sum w^2):
+        1 for equal weights, 1/B when one weight dominates. A 0-d float64 tensor on the device."""
+        w = self.weights.double()
+        return w.sum() ** 2 / (w ** 2).sum() / w.numel()
+
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)

@@ -220,9 +220,6 @@ PRESETS: dict[str, dict] = {
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
 }
 
-SECTIONS = {f.name: f.type for f in fields(Config)}
-
-
 def field_table() -> dict[str, tuple[type, object, str]]:
     """{'section.field': (type, default, help)} for every field, help from the fields' metadata."""
     out = {}

@@ -223,9 +223,8 @@ class Trainer:
             if self.updates_priorities:
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
-            w = b.weights.double()
             age = b.age.double()
-            rows.append(torch.stack([w.sum() ** 2 / (w ** 2).sum() / w.numel(), age.mean(), age.max(),
+            rows.append(torch.stack([b.ess_fraction, age.mean(), age.max(),
                                      st["row_kl"].double().mean()]).cpu())
             rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"]]
         names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_loss", "replay_clip_frac",

@@ -35,6 +35,15 @@ from freshper.kernels import policy_loss
 _BUFFER_FILE = "freshper_buffer.safetensors"
 
 
+def _pad_to(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
+    """(n, w) -> (n, max(w, width)), filled with `value` on the left (prompts) or right."""
+    extra = width - t.size(1)
+    if extra <= 0:
+        return t
+    fill = torch.full((t.size(0), extra), value, dtype=t.dtype, device=t.device)
+    return torch.cat([fill, t] if left else [t, fill], 1)
+
+
 def _opt(default, help: str):
     return field(default=default, metadata={"help": help})
 
@@ -123,29 +132,20 @@ class FreshPERGRPOTrainer(GRPOTrainer):
     def _store(self, out, behaviour, rewards) -> None:
         a = self.args
         P, C = a.replay_max_prompt_length, a.max_completion_length
-        n, p, c = out["prompt_ids"].size(0), out["prompt_ids"].size(1), out["completion_ids"].size(1)
+        p, c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
         if p > P:
             raise ValueError(f"a prompt batch is {p} tokens wide; raise replay_max_prompt_length (now {P})")
         if c > C:
             raise ValueError(f"completions are {c} tokens wide, more than max_completion_length={C}")
-        dev, pad = out["prompt_ids"].device, self._pad_id()
-
-        def fixed(t, width, left, value):
-            full = torch.full((n, width), value, dtype=t.dtype, device=dev)
-            if left:
-                full[:, width - t.size(1):] = t
-            else:
-                full[:, :t.size(1)] = t
-            return full
-
+        pad = self._pad_id()
         adv = out["advantages"].float()
         base = adv.abs() if a.replay_priority == "advantage" else rewards.abs()
         self.replay_buffer.add(
             base.double(), step=self.state.global_step,
-            prompt_ids=fixed(out["prompt_ids"], P, True, pad), prompt_mask=fixed(out["prompt_mask"], P, True, 0),
-            completion_ids=fixed(out["completion_ids"], C, False, pad),
-            completion_mask=fixed(out["completion_mask"], C, False, 0),
-            logp=fixed(behaviour.float(), C, False, 0.0), adv=adv, reward=rewards)
+            prompt_ids=_pad_to(out["prompt_ids"], P, True, pad), prompt_mask=_pad_to(out["prompt_mask"], P, True, 0),
+            completion_ids=_pad_to(out["completion_ids"], C, False, pad),
+            completion_mask=_pad_to(out["completion_mask"], C, False, 0),
+            logp=_pad_to(behaviour.float(), C, False, 0.0), adv=adv, reward=rewards)
 
     def _pad_id(self) -> int:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)  # a processor wraps one
@@ -185,13 +185,13 @@ class FreshPERGRPOTrainer(GRPOTrainer):
                 self.accelerator.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad()
-            w, age = b.weights.double(), b.age.double()
+            age = b.age.double()
             m = self._metrics["train"]
             m["replay/loss"].append(float(loss.detach()))
             m["replay/clip_frac"].append(float(stats["clip_frac"]))
             m["replay/age_mean"].append(float(age.mean()))
             m["replay/age_max"].append(float(age.max()))
-            m["replay/is_ess"].append(float(w.sum() ** 2 / (w ** 2).sum() / w.numel()))
+            m["replay/is_ess"].append(float(b.ess_fraction))
         self._metrics["train"]["replay/buffer_size"].append(len(self.replay_buffer))
 
     def _fill_zero_variance(self, out, behaviour):
@@ -207,19 +207,12 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         P = max(out["prompt_ids"].size(1), int(b.prompt_mask.sum(1).max()))
         C = max(out["completion_ids"].size(1), int(b.completion_mask.sum(1).max()))
 
-        def widen(t, width, left, value):
-            extra = width - t.size(1)
-            if extra <= 0:
-                return t
-            fill = torch.full((t.size(0), extra), value, dtype=t.dtype, device=t.device)
-            return torch.cat([fill, t] if left else [t, fill], 1)
-
         pad_id = self._pad_id()
-        new = {"prompt_ids": widen(out["prompt_ids"], P, True, pad_id),
-               "prompt_mask": widen(out["prompt_mask"], P, True, 0),
-               "completion_ids": widen(out["completion_ids"], C, False, pad_id),
-               "completion_mask": widen(out["completion_mask"], C, False, 0),
-               "old_per_token_logps": widen(behaviour, C, False, 0.0)}
+        new = {"prompt_ids": _pad_to(out["prompt_ids"], P, True, pad_id),
+               "prompt_mask": _pad_to(out["prompt_mask"], P, True, 0),
+               "completion_ids": _pad_to(out["completion_ids"], C, False, pad_id),
+               "completion_mask": _pad_to(out["completion_mask"], C, False, 0),
+               "old_per_token_logps": _pad_to(behaviour, C, False, 0.0)}
         new["prompt_ids"][rows] = b.prompt_ids[:, -P:].to(new["prompt_ids"].dtype)
         new["prompt_mask"][rows] = b.prompt_mask[:, -P:].to(new["prompt_mask"].dtype)
         new["completion_ids"][rows] = b.completion_ids[:, :C].to(new["completion_ids"].dtype)
