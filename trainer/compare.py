@@ -11,9 +11,12 @@ checkpoint. Summary per arm, each as mean and 95% t-interval across seeds: final
 success (mean over the last 10% of the budget) and its AUC (the area under the
 success-vs-env-steps curve over the budget: the mean success over training); and, from the
 validation rollouts (`eval.every`), the last eval success and eval score and their AUCs.
-Plots: training success, eval success, and KL(mu || pi) per token of replayed trajectories
-against their age. Runs use a constant learning rate after warm-up: a run that stops at an
-env-step budget has no known horizon for a cosine schedule.
+A second table gives the replay diagnostics of trainer/replay_stats.py (replayed ages, KL,
+IS-weight ESS, clipped share, drift rate and exponent). Plots: training success, eval
+success, KL(mu || pi) per token of replayed trajectories against their age, the age
+distribution of replayed trajectories, and the ESS fraction over training. Runs use a
+constant learning rate after warm-up: a run that stops at an env-step budget has no known
+horizon for a cosine schedule.
 `--report-only` redraws the table and plots from the runs' metrics.jsonl without running.
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .metrics import read
+from .replay_stats import age_shares, kl_by_age, replay_summary
 
 ARMS = {
     "on-policy": {"algo.mode": "on-policy"},
@@ -88,17 +92,6 @@ def summarize(rows: list[dict], budget: int) -> dict:
     return out
 
 
-def kl_by_age(rows: list[dict]) -> dict[int, tuple[float, int]]:
-    """{lowest age of the bin: (mean per-token KL(mu || pi), trajectories)} over a run's replays."""
-    acc: dict[int, list[float]] = {}
-    for r in rows:
-        for age, (kl, n) in r.get("replay_kl_by_age", {}).items():
-            a = acc.setdefault(int(age), [0.0, 0])
-            a[0] += kl * n
-            a[1] += n
-    return {k: (v[0] / v[1], v[1]) for k, v in sorted(acc.items()) if v[1]}
-
-
 def _run_one(cmd: list[str], log_path: Path) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
@@ -132,6 +125,11 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, extra: l
     return jobs
 
 
+def _smooth(c: np.ndarray, k: int) -> np.ndarray:
+    """Moving average over k grid points (9 of 201: 4.5% of the budget); edges padded."""
+    return np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
+
+
 def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) -> str:
     import matplotlib
 
@@ -157,19 +155,34 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         summary[label] = {**stats, "per_seed": [s for _, _, s in items]}
         cells = " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in stats.values())
         lines.append(f"| {label} | {len(items)} | {cells} | {its:.0f} |")
+    lines += ["", "Replay diagnostics (replay arms), per run then mean ± 95% t-interval over seeds: mean age of "
+              "replayed trajectories (iterations), mean per-token KL(mu || pi) of replayed trajectories, IS-weight "
+              "ESS fraction, share of replayed tokens at a clip bound, drift rate r (KL per token per iteration of "
+              "age, line through the origin), exponent p of KL ∝ age^p (1: linear), drift time 1/(2r).", "",
+              "| arm | age replayed | KL/token replayed | IS ESS | clipped share | drift rate r | exponent p | "
+              "drift time |", "|---|---|---|---|---|---|---|---|"]
+    for label, items in by_label.items():
+        reps = [replay_summary(rows) for _, rows, _ in items]
+        reps = [r for r in reps if r]
+        if not reps:
+            continue
+        diag = {k: mean_ci([r[k] for r in reps]) for k in reps[0]}
+        summary[label]["replay"] = {**diag, "per_seed": reps}
+        cells = " | ".join(f"{m:.3g} ± {h:.2g}" for m, h in diag.values())
+        lines.append(f"| {label} | {cells} |")
     table = "\n".join(lines)
     grid = np.linspace(0, budget, 201)
-    panels = ["success", "eval_success", "kl"] + (["tau"] if sweep else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
-    ax = dict(zip(panels, axes))
+    panels = ["success", "eval_success", "kl", "ages", "ess"] + (["tau"] if sweep else [])
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    ax = dict(zip(panels, axes.flat))
+    for a in list(axes.flat)[len(panels):]:
+        a.set_visible(False)
     for i, (label, items) in enumerate(by_label.items()):
         for key in ("success", "eval_success"):
             curves = np.stack([curve(rows, grid, key) for _, rows, _ in items])
             if np.isnan(curves).all():
                 continue
-            k = 9 if key == "success" else 1  # smooth the per-iteration curve over 4.5% of the budget
-            smooth = np.stack([np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
-                               for c in curves])
+            smooth = np.stack([_smooth(c, 9 if key == "success" else 1) for c in curves])
             m = np.nanmean(smooth, 0)
             half = (t975(len(items) - 1) * np.nanstd(smooth, 0, ddof=1) / math.sqrt(len(items))
                     if len(items) > 1 else 0 * m)
@@ -180,6 +193,10 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         if kl:
             ages = [max(a, 0.5) for a in kl]  # age 0 drawn at 0.5 on the log axis
             ax["kl"].plot(ages, [v[0] for v in kl.values()], marker="o", color=f"C{i}", label=label)
+            shares = age_shares(kl)
+            ax["ages"].plot(ages, list(shares.values()), marker="o", color=f"C{i}", label=label)
+            ess = np.nanmean(np.stack([_smooth(curve(rows, grid, "is_ess"), 9) for _, rows, _ in items]), 0)
+            ax["ess"].plot(grid, ess, color=f"C{i}", label=label)
     for key, name in (("success", "training success"), ("eval_success", "eval success (validation states)")):
         ax[key].set_xlabel("environment steps")
         ax[key].set_ylabel(f"{name}, mean and 95% band")
@@ -189,6 +206,14 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
     ax["kl"].set_xlabel("age of the replayed trajectory (iterations; 0 drawn at 0.5)")
     ax["kl"].set_ylabel("KL(mu || pi) per token, mean")
     ax["kl"].grid(alpha=0.3)
+    ax["kl"].legend(fontsize=8)
+    ax["ages"].set_xscale("log")
+    ax["ages"].set_xlabel("age bin of replayed trajectories (lowest age; 0 drawn at 0.5)")
+    ax["ages"].set_ylabel("share of replayed trajectories")
+    ax["ages"].grid(alpha=0.3)
+    ax["ess"].set_xlabel("environment steps")
+    ax["ess"].set_ylabel("IS-weight ESS fraction, mean over seeds")
+    ax["ess"].grid(alpha=0.3)
     if sweep:
         taus = [items[0][0]["tau"] for items in by_label.values()]
         fins = [summary[label]["final_success"] for label in by_label]

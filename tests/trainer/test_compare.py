@@ -18,10 +18,14 @@ def test_compare_runs_reports_and_resumes(tmp_path, capsys):
     out = tmp_path / "compare-t"
     table = (out / "table.md").read_text()
     assert "| on-policy | 2 |" in table and "| freshper | 2 |" in table and "final eval success" in table
+    # replay diagnostics for the replay arm only
+    assert "| freshper | " in table.split("Replay diagnostics")[1] and "drift rate" in table
+    assert "| on-policy |" not in table.split("Replay diagnostics")[1]
     assert (out / "curves.png").stat().st_size > 0
     assert (out / "command.txt").read_text().startswith("freshper compare --env frozenlake")
     res = json.loads((out / "results.json").read_text())
     assert set(res) == {"on-policy", "freshper"} and len(res["freshper"]["per_seed"]) == 2
+    assert "replay" not in res["on-policy"] and len(res["freshper"]["replay"]["per_seed"]) == 2
     for s in res["freshper"]["per_seed"]:
         assert s["env_steps"] >= 20 and 0 <= s["final_eval_success"] <= 1
     rows = [json.loads(x) for x in (out / "freshper-s0" / "metrics.jsonl").read_text().splitlines()]
