@@ -1,9 +1,10 @@
-"""`freshper` command line: train, plot, profile, compare.
+"""`freshper` command line: train, plot, profile, compare, chance.
 
     freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
     freshper plot RUN_DIR
     freshper profile [train arguments] --iterations S:E
     freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper chance --preset frozenlake [--episodes 1000]    (the random-reply policy's score)
 """
 from __future__ import annotations
 
@@ -202,7 +203,14 @@ def cmd_compare(argv) -> int:
     return compare_main(argv)
 
 
-COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile, "compare": cmd_compare}
+def cmd_chance(argv) -> int:
+    from .chance import main as chance_main
+
+    return chance_main(argv)
+
+
+COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile, "compare": cmd_compare,
+            "chance": cmd_chance}
 
 
 def main(argv=None) -> int:
