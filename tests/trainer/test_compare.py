@@ -1,10 +1,11 @@
 """`freshper compare` end to end with tiny runs: table, plot, command, skip and resume."""
 import json
+import math
 
 import pytest
 
 from freshper.trainer.cli import main
-from freshper.trainer.compare import mean_ci, summarize
+from freshper.trainer.compare_report import mean_ci, summarize
 
 TINY = ["--model.tiny_hidden", "64", "--model.tiny_layers", "1", "--model.tiny_vocab", "512", "--rollout.episodes",
         "4", "--rollout.group_size", "2", "--env.max_turns", "3", "--algo.replay_batch", "4", "--train.sft_steps", "2",
@@ -61,5 +62,6 @@ def test_summary_statistics():
     rows[4]["eval_success"], rows[9]["eval_success"], rows[9]["eval_score"], rows[4]["eval_score"] = 0.0, 0.5, 1, 0
     s = summarize(rows, 100)
     assert s["final_eval_success"] == 0.5 and 0.0 < s["auc_eval_success"] < 0.5
+    assert mean_ci([1.0, math.inf])[0] == math.inf and math.isnan(mean_ci([1.0, math.inf])[1])
     m, h = mean_ci([0.2, 0.4, 0.6])
     assert m == pytest.approx(0.4) and h == pytest.approx(4.303 * 0.2 / 3 ** 0.5)

@@ -1,0 +1,182 @@
+"""The report of `freshper compare`: per-run summaries, tables with 95% intervals, and plots.
+
+Summary per arm, each as mean and 95% t-interval across seeds: final training success (mean
+over the last 10% of the budget) and its AUC (the area under the success-vs-env-steps curve
+over the budget: the mean success over training); from the validation rollouts, the last eval
+success and eval score and their AUCs. A second table gives the replay diagnostics of
+trainer/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu || pi) per
+token of replayed trajectories against their age, the age distribution of replayed
+trajectories, the IS-weight ESS over training, and for a tau sweep the AUCs against tau.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .metrics import read
+from .replay_stats import age_shares, kl_by_age, replay_summary
+
+# two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    keys = [k for k in sorted(T975) if k <= df]
+    return T975[keys[-1]] if keys and df <= 30 else 1.96
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% t-interval); half-width nan for one value or a non-finite one
+    (a run that never drifted has an infinite drift time)."""
+    x = np.asarray(xs, dtype=float)
+    if x.size < 2 or not np.isfinite(x).all():
+        return float(x.mean()), float("nan")
+    return float(x.mean()), float(t975(x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+
+
+def curve(rows: list[dict], grid: np.ndarray, key: str = "success") -> np.ndarray:
+    """`key` interpolated onto env-step `grid` (each row's value placed at the env-step count
+    reached by the end of its iteration); rows without `key` are skipped."""
+    pts = [(r["env_steps"], r[key]) for r in rows if key in r]
+    if not pts:
+        return np.full(grid.shape, np.nan)
+    x, y = np.array(pts, dtype=float).T
+    return np.interp(grid, x, y)
+
+
+def _auc(c: np.ndarray, grid: np.ndarray, budget: int) -> float:
+    trap = np.trapezoid if hasattr(np, "trapezoid") else np.trapz
+    return float(trap(c, grid) / budget)
+
+
+def summarize(rows: list[dict], budget: int) -> dict:
+    grid = np.linspace(0, budget, 201)
+    c = curve(rows, grid)
+    out = {"final_success": float(c[grid >= 0.9 * budget].mean()), "auc": _auc(c, grid, budget),
+           "env_steps": rows[-1]["env_steps"], "iterations": len(rows),
+           "final_reward": float(np.mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]))}
+    evals = [r for r in rows if "eval_success" in r]
+    for key in ("eval_success", "eval_score"):
+        out[f"final_{key}"] = float(evals[-1][key]) if evals else float("nan")
+        out[f"auc_{key}"] = _auc(curve(rows, grid, key), grid, budget) if evals else float("nan")
+    return out
+
+
+def _smooth(c: np.ndarray, k: int) -> np.ndarray:
+    """Moving average over k grid points (9 of 201: 4.5% of the budget); edges padded."""
+    return np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
+
+
+def tables(by_label: dict[str, list]) -> tuple[str, dict]:
+    """The markdown tables and the results.json summary from {label: [(job, rows, summary), ...]}."""
+    lines = ["final = mean training success over the last 10% of the budget; AUC = mean over the budget; "
+             "eval = validation rollouts (fixed held-out initial states); mean ± 95% t-interval over seeds", "",
+             "| arm | seeds | final success | AUC (success) | final eval success | AUC (eval success) | "
+             "final eval score | AUC (eval score) | final reward | iterations |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    summary = {}
+    for label, items in by_label.items():
+        stats = {k: mean_ci([s[k] for _, _, s in items]) for k in
+                 ("final_success", "auc", "final_eval_success", "auc_eval_success", "final_eval_score",
+                  "auc_eval_score", "final_reward")}
+        its = np.mean([s["iterations"] for _, _, s in items])
+        summary[label] = {**stats, "per_seed": [s for _, _, s in items]}
+        cells = " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in stats.values())
+        lines.append(f"| {label} | {len(items)} | {cells} | {its:.0f} |")
+    lines += ["", "Replay diagnostics (replay arms), per run then mean ± 95% t-interval over seeds: mean age of "
+              "replayed trajectories (iterations), mean per-token KL(mu || pi) of replayed trajectories, IS-weight "
+              "ESS fraction, share of replayed tokens at a clip bound, drift rate r (KL per token per iteration of "
+              "age, line through the origin), exponent p of KL ∝ age^p (1: linear), drift time 1/(2r).", "",
+              "| arm | age replayed | KL/token replayed | IS ESS | clipped share | drift rate r | exponent p | "
+              "drift time |", "|---|---|---|---|---|---|---|---|"]
+    for label, items in by_label.items():
+        reps = [r for r in (replay_summary(rows) for _, rows, _ in items) if r]
+        if not reps:
+            continue
+        diag = {k: mean_ci([r[k] for r in reps]) for k in reps[0]}
+        summary[label]["replay"] = {**diag, "per_seed": reps}
+        cells = " | ".join(f"{m:.3g} ± {h:.2g}" for m, h in diag.values())
+        lines.append(f"| {label} | {cells} |")
+    return "\n".join(lines), summary
+
+
+def plot(path: Path, by_label: dict[str, list], summary: dict, budget: int, sweep: bool) -> None:
+    """curves.png: success and eval success with 95% bands, KL by age, age shares, ESS, [tau]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.linspace(0, budget, 201)
+    panels = ["success", "eval_success", "kl", "ages", "ess"] + (["tau"] if sweep else [])
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    ax = dict(zip(panels, axes.flat))
+    for a in list(axes.flat)[len(panels):]:
+        a.set_visible(False)
+    for i, (label, items) in enumerate(by_label.items()):
+        for key in ("success", "eval_success"):
+            curves = np.stack([curve(rows, grid, key) for _, rows, _ in items])
+            if np.isnan(curves).all():
+                continue
+            smooth = np.stack([_smooth(c, 9 if key == "success" else 1) for c in curves])
+            m = np.nanmean(smooth, 0)
+            half = (t975(len(items) - 1) * np.nanstd(smooth, 0, ddof=1) / math.sqrt(len(items))
+                    if len(items) > 1 else 0 * m)
+            ax[key].plot(grid, m, color=f"C{i}", label=label)
+            # the band is the 95% interval of the mean, drawn within the feasible range [0, 1]
+            ax[key].fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), color=f"C{i}", alpha=0.2)
+        kl = kl_by_age([r for _, rows, _ in items for r in rows])
+        if kl:
+            ages = [max(a, 0.5) for a in kl]  # age 0 drawn at 0.5 on the log axis
+            ax["kl"].plot(ages, [v[0] for v in kl.values()], marker="o", color=f"C{i}", label=label)
+            ax["ages"].plot(ages, list(age_shares(kl).values()), marker="o", color=f"C{i}", label=label)
+            ess = np.nanmean(np.stack([_smooth(curve(rows, grid, "is_ess"), 9) for _, rows, _ in items]), 0)
+            ax["ess"].plot(grid, ess, color=f"C{i}", label=label)
+    labels = {"success": ("environment steps", "training success, mean and 95% band"),
+              "eval_success": ("environment steps", "eval success (validation states), mean and 95% band"),
+              "kl": ("age of the replayed trajectory (iterations; 0 drawn at 0.5)", "KL(mu || pi) per token, mean"),
+              "ages": ("age bin of replayed trajectories (lowest age; 0 drawn at 0.5)",
+                       "share of replayed trajectories"),
+              "ess": ("environment steps", "IS-weight ESS fraction, mean over seeds"),
+              "tau": ("tau (iterations)", "AUC, mean and 95% interval")}
+    if sweep:
+        taus = [items[0][0]["tau"] for items in by_label.values()]
+        for key, name in (("auc", "AUC (training success)"), ("auc_eval_success", "AUC (eval success)")):
+            means = np.array([summary[label][key][0] for label in by_label])
+            half = np.nan_to_num(np.array([summary[label][key][1] for label in by_label]))
+            lower, upper = means - np.clip(means - half, 0, 1), np.clip(means + half, 0, 1) - means
+            ax["tau"].errorbar(taus, means, yerr=[lower, upper], marker="o", capsize=3, label=name)
+        ax["tau"].set_xscale("log")
+        ax["tau"].set_xticks(taus, [f"{t:g}" for t in taus])
+        ax["tau"].minorticks_off()
+    for key in panels:
+        ax[key].set_xlabel(labels[key][0])
+        ax[key].set_ylabel(labels[key][1])
+        ax[key].grid(alpha=0.3)
+        if ax[key].get_legend_handles_labels()[0]:
+            ax[key].legend(fontsize=8)
+    for key in ("kl", "ages"):
+        ax[key].set_xscale("log")
+    fig.suptitle(path.parent.name, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) -> str:
+    """Write table.md, results.json, curves.png and command.txt into `out`; return the tables."""
+    by_label: dict[str, list] = {}
+    for j in jobs:
+        rows = read(j["run"])
+        by_label.setdefault(j["label"], []).append((j, rows, summarize(rows, budget)))
+    table, summary = tables(by_label)
+    table = f"budget: {budget} env steps per run; " + table
+    plot(out / "curves.png", by_label, summary, budget, sweep)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "command.txt").write_text(command + "\n")
+    return table
