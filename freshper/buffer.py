@@ -44,6 +44,9 @@ def _fused():
     return sampler
 
 EVICTIONS = ("fifo", "stalest")
+# How a new trajectory enters (see `ReplayBuffer`): at the priority given, or at the running
+# maximum until it is sampled (standard PER), or at the maximum until the step advances.
+INSERTS = ("own", "max", "max-one-step")
 SAMPLERS = ("auto", "tree", "scan", "triton")
 _REBASE_UP = 100.0  # nats a new key may sit above `ref` before the tree is rebuilt
 _REBASE_TOTAL = 1e-100  # tree totals below this are rebuilt against the current max key
@@ -83,6 +86,21 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _last_occurrences(slots: torch.Tensor) -> torch.Tensor:
+    """Positions of the last occurrence of each distinct value of `slots` (B,): "last wins"."""
+    n = slots.numel()
+    uniq, inv = torch.unique(slots.flip(0), return_inverse=True)
+    first_rev = torch.full((uniq.numel(),), n, dtype=torch.long, device=slots.device).scatter_reduce(
+        0, inv, torch.arange(n, device=slots.device), reduce="amin")
+    return n - 1 - first_rev
+
+
+def _check_tau(tau) -> None:
+    # tau = inf is allowed and means no decay: every key loses its b/tau term (the PER keys).
+    if not (isinstance(tau, numbers.Real) and not isinstance(tau, bool) and tau > 0 and not math.isnan(tau)):
+        raise ValueError(f"tau must be a float > 0 (inf: no decay), got {tau!r}")
+
+
 class ReplayBuffer:
     """FreshPER replay buffer over `capacity` trajectory slots on `device`.
 
@@ -95,21 +113,22 @@ class ReplayBuffer:
     def __init__(self, capacity: int, *, mode: str = "freshper", alpha: float = 0.6,
                  beta: float | Callable[[int], float] = 0.4, tau: float = 500.0, eps: float = 1e-6,
                  eviction: str = "fifo", device: str | torch.device = "cpu", seed: int = 0,
-                 fields: dict | None = None, sampler: str = "auto"):
+                 fields: dict | None = None, sampler: str = "auto", insert: str = "own"):
         if not _is_int(capacity) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be a finite float >= 0, got {alpha!r}")
-        if not (isinstance(tau, numbers.Real) and math.isfinite(tau) and tau > 0):
-            raise ValueError(f"tau must be a finite float > 0, got {tau!r}")
+        _check_tau(tau)
         if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps >= 0):
             raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if insert not in INSERTS:
+            raise ValueError(f"insert must be one of {INSERTS}, got {insert!r}")
         if callable(beta):
             self._check_beta(beta(0), "beta(0)")
         else:
@@ -124,12 +143,18 @@ class ReplayBuffer:
             raise ValueError(f"sampler='tree' needs device='cpu', got device={self.device}")
         self.capacity, self.mode, self.alpha, self.tau, self.eps = capacity, mode, float(alpha), float(tau), float(eps)
         self.beta, self.eviction, self.seed, self.sampler = beta, eviction, seed, sampler
+        self.insert = insert
 
         d = self.device
         self._log_base = torch.zeros(capacity, dtype=torch.float64, device=d)
         self._birth = torch.zeros(capacity, dtype=torch.int64, device=d)
         self._live = torch.zeros(capacity, dtype=torch.bool, device=d)
         self._keys = torch.full((capacity,), -math.inf, dtype=torch.float64, device=d)
+        # insert="max-one-step": the caller's own priority of each slot, and which slots still sit
+        # at the maximum (only the last step's inserts can: the rest went back to their own).
+        self._own = torch.zeros(capacity, dtype=torch.float64, device=d)
+        self._boosted = torch.zeros(capacity, dtype=torch.bool, device=d)
+        self._boost_step: int | None = None
         self._fields: dict[str, torch.Tensor] = {}
         self._size = 0
         self._next = 0  # FIFO write position
@@ -223,11 +248,7 @@ class ReplayBuffer:
             if kmax > self._ref + _REBASE_UP or self._tree.total < _REBASE_TOTAL:
                 self._rebuild()
             return int(newly)
-        n = slots.numel()
-        uniq, inv = torch.unique(slots.flip(0), return_inverse=True)
-        first_rev = torch.full((uniq.numel(),), n, dtype=torch.long, device=self.device).scatter_reduce(
-            0, inv, torch.arange(n, device=self.device), reduce="amin")
-        keep = n - 1 - first_rev  # position of the last occurrence of each slot
+        keep = _last_occurrences(slots)
         slots, p = slots[keep], p[keep]
         newly = int((~self._live[slots]).sum())
         self._log_base[slots] = torch.log(p + self.eps)
@@ -291,33 +312,47 @@ class ReplayBuffer:
         return sorted(self._fields)
 
     def add(self, priority=None, step: int | None = None, **fields) -> torch.Tensor:
-        """Write B trajectories; returns their slots (B,) int64. priority: (B,) >= 0, finite; or
-        None to insert at the largest raw priority written so far (standard PER: new data is
-        replayed at least once soon; starts at 1). step: int, not earlier than any step seen;
-        fields: tensors with leading dim B. A full buffer evicts the oldest (fifo) or the least
-        likely (stalest) slots."""
+        """Write B trajectories; returns their slots (B,) int64. priority: (B,) >= 0, finite, each
+        trajectory's own priority; step: int, not earlier than any step seen; fields: tensors with
+        leading dim B. A full buffer evicts the oldest (fifo) or the least likely (stalest) slots.
+
+        Where they enter depends on `insert`: "own" writes `priority`; "max" writes the largest
+        raw priority written so far (at least 1) until `update_priorities` sets the slot (standard
+        PER: new data is replayed at least once soon); "max-one-step" writes the maximum until the
+        step advances, then the slot's own priority with its decay since `step` (the authors'
+        FreshPER arm, whose per-iteration refresh rewrites every slot from its own priority).
+        priority=None means "max" for this call (own priority unknown); "max-one-step" needs it."""
         if step is None:
             raise ValueError("step is required: the step (iteration) the trajectories were collected at")
         if priority is None:
+            if self.insert == "max-one-step":
+                raise ValueError("insert='max-one-step' needs priority: the own priority each slot returns to")
             sizes = {int(v.shape[0]) for v in fields.values() if hasattr(v, "shape") and len(v.shape)}
             if len(sizes) != 1:
                 raise ValueError("priority=None needs fields with one leading batch size to know how many to add, "
                                  f"got sizes {sorted(sizes)}")
-            p = torch.full((sizes.pop(),), self._max_priority, dtype=torch.float64, device=self.device)
+            own = torch.full((sizes.pop(),), self._max_priority, dtype=torch.float64, device=self.device)
         else:
-            p = self._check_priority(priority, None)
-        n = p.numel()
+            own = self._check_priority(priority, None)
+        n = own.numel()
         if n > self.capacity:
             raise ValueError(f"priority has {n} entries, more than capacity={self.capacity}")
         step = self._check_step(step)
         self._check_fields(fields, n)
         if not self._fields:
             self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
-        if priority is not None:
-            self._max_priority = max(self._max_priority, float(p.max()))
+        self._expire_boost(step)
+        at_max = priority is None or self.insert != "own"
+        if not at_max:
+            self._max_priority = max(self._max_priority, float(own.max()))
+        p = torch.full_like(own, self._max_priority) if at_max else own
 
         slots = self._choose_slots(n)
         self._size += self._write(slots, p, step)
+        self._own[slots] = own
+        self._boosted[slots] = self.insert == "max-one-step"
+        if self.insert == "max-one-step":
+            self._boost_step = step
         for name, t in fields.items():
             self._fields[name][slots] = t.to(self.device)
         self._next = (self._next + n) % self.capacity
@@ -325,16 +360,27 @@ class ReplayBuffer:
         self._step = step
         return slots
 
+    def _expire_boost(self, step: int) -> None:
+        """insert="max-one-step": once the step moves past the inserts' step, the slots still at
+        the maximum get their own priority back. Only those slots are touched (no O(N) refresh);
+        their decay since birth is in the key already (freshper/priorities.py)."""
+        if self._boost_step is None or step <= self._boost_step:
+            return
+        self._boost_step = None
+        slots = self._boosted.nonzero().squeeze(1)
+        if slots.numel():
+            self._write(slots, self._own[slots], None)
+            self._boosted[slots] = False
+
     @property
     def max_priority(self) -> float:
         """The largest raw priority written so far (at least 1): what `add(None, ...)` inserts at."""
         return self._max_priority
 
     def set_tau(self, tau: float) -> None:
-        """Change the decay time (freshper mode). Every key depends on tau, so all are recomputed:
-        O(N), meant for occasional changes such as an adaptive tau once per iteration."""
-        if not (isinstance(tau, numbers.Real) and math.isfinite(tau) and tau > 0):
-            raise ValueError(f"tau must be a finite float > 0, got {tau!r}")
+        """Change the decay time (freshper mode; inf: no decay). Every key depends on tau, so all
+        are recomputed: O(N), meant for occasional changes such as an adaptive tau per iteration."""
+        _check_tau(tau)
         self.tau = float(tau)
         self._recompute_keys()
 
@@ -343,6 +389,7 @@ class ReplayBuffer:
         depend on ages only through birth-step differences, so `step` merely has to be valid."""
         if step is not None:
             self._step = self._check_step(step)
+            self._expire_boost(self._step)
         if self._size == 0:
             return torch.zeros(self.capacity, dtype=torch.float64, device=self.device)
         return torch.softmax(self._keys, 0)
@@ -357,6 +404,7 @@ class ReplayBuffer:
         step = self._check_step(step) if step is not None else self._step
         beta = self._beta_at(step)
         self._step = step
+        self._expire_boost(step)
 
         u = torch.rand(batch_size, generator=self._gen, dtype=torch.float64, device=self.device)
         if self.sampler == "tree":
@@ -374,6 +422,46 @@ class ReplayBuffer:
         fields = {name: t[idx] for name, t in self._fields.items()}
         return SampleBatch(idx, weights, probs, birth, step - birth, beta, fields)
 
+    def sample_groups(self, n_groups: int, step: int | None = None, *, by: str = "group") -> SampleBatch:
+        """Draw `n_groups` groups and return every live member of each: a group is drawn by its
+        members' priorities (one stratified draw of a slot, as in `sample`, then its group: group
+        g is drawn with probability P(g) = sum of its members' P(i)), so group-relative
+        advantages computed on the batch keep their meaning. `by` names an integer field (N,)
+        holding the group id. Rows come group after group, a group drawn twice appears twice.
+        probs (R,) are P(g) of each row's group, weights (R,) its IS weight
+        (G·P(g))^-beta / max over live groups (G live groups). One O(N) pass per call."""
+        if not _is_int(n_groups) or n_groups <= 0:
+            raise ValueError(f"n_groups must be a positive int, got {n_groups!r}")
+        field = self._fields.get(by)
+        if field is None or field.dim() != 1 or field.dtype.is_floating_point:
+            raise ValueError(f"by must name a 1-D integer field, got {by!r}; fields: {self.field_names}")
+        draw = self.sample(n_groups, step)  # validates the step, advances it and draws by priority
+        live = self._live.nonzero().squeeze(1)
+        gid = field[live]
+        order = torch.argsort(gid, stable=True)
+        live, gid = live[order], gid[order]
+        uniq, counts = torch.unique_consecutive(gid, return_counts=True)
+        # log P(g) = logsumexp of its members' keys - logsumexp of all: in log space, so a group far
+        # below the others neither underflows to 0 nor breaks the weights' minimum.
+        member = torch.repeat_interleave(torch.arange(uniq.numel(), device=self.device), counts)
+        k = self._keys[live]
+        gmax = torch.full((uniq.numel(),), -math.inf, dtype=torch.float64, device=self.device).scatter_reduce(
+            0, member, k, reduce="amax")
+        gsum = torch.zeros_like(gmax).index_add_(0, member, torch.exp(k - gmax[member]))
+        log_pg = gmax + torch.log(gsum) - torch.logsumexp(k, 0)
+        which = torch.searchsorted(uniq, field[draw.indices])  # drawn slots are live: always found
+        starts = torch.cumsum(counts, 0) - counts
+        rows_per = counts[which]
+        of_row = torch.repeat_interleave(torch.arange(n_groups, device=self.device), rows_per)
+        offset = torch.arange(int(rows_per.sum()), device=self.device) - torch.repeat_interleave(
+            torch.cumsum(rows_per, 0) - rows_per, rows_per)
+        idx = live[starts[which][of_row] + offset]
+        lp = log_pg[which][of_row]
+        weights = torch.exp(-draw.beta * (lp - log_pg.min()))
+        birth = self._birth[idx]
+        fields = {name: t[idx] for name, t in self._fields.items()}
+        return SampleBatch(idx, weights, torch.exp(lp), birth, self._step - birth, draw.beta, fields)
+
     def update_priorities(self, indices, priority, step: int | None = None) -> None:
         """Set the base priority of live `indices` (B,); with duplicates the last value wins.
         With `step`, the slots are re-stamped as born at `step` (their age restarts)."""
@@ -381,8 +469,12 @@ class ReplayBuffer:
         p = self._check_priority(priority, idx.numel())
         if step is not None:
             step = self._check_step(step)
+            self._expire_boost(step)
         self._max_priority = max(self._max_priority, float(p.max()))
         self._write(idx, p, step)
+        keep = _last_occurrences(idx)  # a repeated index: the last value wins here too
+        self._own[idx[keep]] = p[keep]
+        self._boosted[idx] = False
         if step is not None:
             self._step = step
 

@@ -21,7 +21,8 @@ from freshper.mirror import CpuMirror
 from freshper.schedule import LinearSchedule, schedule_from_dict
 
 FORMAT = "freshper.replay_buffer"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the insertion rule's state (insert, own, boosted); 1 still loads
+READABLE_VERSIONS = (1, 2)
 _META_KEY = "freshper"
 
 
@@ -78,7 +79,8 @@ def _beta_to_json(beta):
 
 def buffer_state(buf, mirror: CpuMirror | None = None, copy: bool = True) -> dict:
     """{'meta': ..., 'tensors': ...} of `buf`, with tensors on the CPU (through the mirror)."""
-    device_tensors = {"log_base": buf._log_base, "birth": buf._birth, "live": buf._live}
+    device_tensors = {"log_base": buf._log_base, "birth": buf._birth, "live": buf._live, "own": buf._own,
+                      "boosted": buf._boosted}
     device_tensors.update({f"field.{k}": v for k, v in buf._fields.items()})
     mirror = mirror or CpuMirror()
     mirror.start(device_tensors)
@@ -90,9 +92,10 @@ def buffer_state(buf, mirror: CpuMirror | None = None, copy: bool = True) -> dic
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "config": {"capacity": buf.capacity, "mode": buf.mode, "alpha": buf.alpha, "beta": _beta_to_json(buf.beta),
-                   "tau": buf.tau, "eps": buf.eps, "eviction": buf.eviction, "seed": buf.seed, "sampler": buf.sampler},
+                   "tau": buf.tau, "eps": buf.eps, "eviction": buf.eviction, "seed": buf.seed, "sampler": buf.sampler,
+                   "insert": buf.insert},
         "counters": {"size": buf._size, "next": buf._next, "added": buf._added, "step": buf._step,
-                     "tree_ref": buf._ref, "max_priority": buf._max_priority},
+                     "tree_ref": buf._ref, "max_priority": buf._max_priority, "boost_step": buf._boost_step},
         "fields": {k: [list(v.shape[1:]), str(v.dtype).removeprefix("torch.")] for k, v in buf._fields.items()},
     }
     return {"meta": meta, "tensors": tensors}
@@ -104,13 +107,15 @@ def _check_state(sd: dict, capacity: int | None = None) -> None:
     meta, tensors = sd["meta"], sd["tensors"]
     if meta.get("format") != FORMAT:
         raise ValueError(f"state format is {meta.get('format')!r}, expected {FORMAT!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(f"state format_version is {meta.get('format_version')!r}; "
-                         f"this FreshPER reads {FORMAT_VERSION}")
+                         f"this FreshPER reads {READABLE_VERSIONS}")
     cap = meta["config"]["capacity"]
     if capacity is not None and cap != capacity:
         raise ValueError(f"state has capacity {cap}, this buffer has capacity {capacity}")
     want = {"log_base": ((cap,), torch.float64), "birth": ((cap,), torch.int64), "live": ((cap,), torch.bool)}
+    if meta["format_version"] >= 2:
+        want.update(own=((cap,), torch.float64), boosted=((cap,), torch.bool))
     for name, (shape, dt) in meta["fields"].items():
         want[f"field.{name}"] = ((cap, *shape), getattr(torch, dt))
     extra = set(tensors) - set(want) - {"rng"}
@@ -143,11 +148,17 @@ def load_buffer_state(buf, sd: dict) -> None:
     d = buf.device
     for key in ("mode", "alpha", "tau", "eps", "eviction"):
         setattr(buf, key, cfg[key])
+    buf.insert = cfg.get("insert", "own")  # version 1 had no insertion rule: slots held what was written
     if beta is not None:
         buf.beta = schedule_from_dict(beta) if isinstance(beta, dict) else beta
     buf._log_base = tensors["log_base"].to(d).clone()
     buf._birth = tensors["birth"].to(d).clone()
     buf._live = tensors["live"].to(d).clone()
+    if "own" in tensors:
+        buf._own, buf._boosted = tensors["own"].to(d).clone(), tensors["boosted"].to(d).clone()
+    else:
+        buf._own, buf._boosted = buf._log_base.exp() - buf.eps, torch.zeros_like(buf._live)
+    buf._boost_step = counters.get("boost_step")
     buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
     buf._size, buf._next, buf._added = counters["size"], counters["next"], counters["added"]
     buf._step = counters["step"]
@@ -177,6 +188,7 @@ def buffer_from_file(cls, path, *, device=None, beta=None):
         sampler = "auto"
     buf = cls(cfg["capacity"], mode=cfg["mode"], alpha=cfg["alpha"], beta=beta, tau=cfg["tau"], eps=cfg["eps"],
               eviction=cfg["eviction"], device=device, seed=cfg["seed"], sampler=sampler,
+              insert=cfg.get("insert", "own"),
               fields={k: (tuple(s), getattr(torch, dt)) for k, (s, dt) in meta["fields"].items()})
     buf.load_state_dict(sd)
     return buf
