@@ -39,7 +39,8 @@ def parse_overrides(rest: list[str]) -> dict:
 def _fields_help() -> str:
     lines = ["config fields (--section.field VALUE; a unique field name may drop its section):"]
     for key, (typ, default, help_) in C.field_table().items():
-        choices = f" {{{', '.join(C.CHOICES[key])}}}" if key in C.CHOICES else ""
+        allowed = C.choices().get(key)
+        choices = f" {{{', '.join(allowed)}}}" if allowed else ""
         lines.append(f"  --{key:<30} {typ.__name__:<5} default {default!r}{choices}: {help_}")
     lines.append(f"presets: {', '.join(C.PRESETS)}")
     return "\n".join(lines)

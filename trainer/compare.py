@@ -31,6 +31,11 @@ ARMS = {
     "freshper": {"algo.mode": "freshper"},
     "freshper-auto": {"algo.mode": "freshper", "algo.tau_auto": "true"},
     "uniform": {"algo.mode": "uniform"},
+    # FreshPER variants: whole-group replay, stored advantages, and the insertion rule of
+    # before 2026-12-01 (new trajectories at the maximum until replayed: "PER plus decay")
+    "freshper-group": {"algo.mode": "freshper", "algo.replay_unit": "group"},
+    "freshper-stored": {"algo.mode": "freshper", "algo.replay_advantage": "stored"},
+    "freshper-max": {"algo.mode": "freshper", "algo.insert_priority": "max"},
 }
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
                "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800)}

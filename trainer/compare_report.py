@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import read
+from .metrics import points, read
 from .replay_stats import age_shares, kl_by_age, replay_summary
 
 # two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
@@ -38,10 +38,18 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
     return float(x.mean()), float(t975(x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
 
 
+def _cell(mean: float, half: float, digits: int | None = None) -> str:
+    """"mean ± half-width", or the mean and "(n=1)" where no interval exists (one seed)."""
+    m = f"{mean:.{digits}g}" if digits else f"{mean:.3f}"
+    if math.isnan(half):
+        return f"{m} (—)"
+    return f"{m} ± {half:.{digits - 1}g}" if digits else f"{m} ± {half:.3f}"
+
+
 def curve(rows: list[dict], grid: np.ndarray, key: str = "success") -> np.ndarray:
-    """`key` interpolated onto env-step `grid` (each row's value placed at the env-step count
-    reached by the end of its iteration); rows without `key` are skipped."""
-    pts = [(r["env_steps"], r[key]) for r in rows if key in r]
+    """`key` interpolated onto env-step `grid` (placed as metrics.points places it); rows without
+    `key` are skipped."""
+    pts = points(rows, key)
     if not pts:
         return np.full(grid.shape, np.nan)
     x, y = np.array(pts, dtype=float).T
@@ -59,9 +67,9 @@ def summarize(rows: list[dict], budget: int) -> dict:
     out = {"final_success": float(c[grid >= 0.9 * budget].mean()), "auc": _auc(c, grid, budget),
            "env_steps": rows[-1]["env_steps"], "iterations": len(rows),
            "final_reward": float(np.mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]))}
-    evals = [r for r in rows if "eval_success" in r]
     for key in ("eval_success", "eval_score"):
-        out[f"final_{key}"] = float(evals[-1][key]) if evals else float("nan")
+        evals = points(rows, key)
+        out[f"final_{key}"] = float(evals[-1][1]) if evals else float("nan")
         out[f"auc_{key}"] = _auc(curve(rows, grid, key), grid, budget) if evals else float("nan")
     return out
 
@@ -85,21 +93,24 @@ def tables(by_label: dict[str, list]) -> tuple[str, dict]:
                   "auc_eval_score", "final_reward")}
         its = np.mean([s["iterations"] for _, _, s in items])
         summary[label] = {**stats, "per_seed": [s for _, _, s in items]}
-        cells = " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in stats.values())
+        cells = " | ".join(_cell(m, h) for m, h in stats.values())
         lines.append(f"| {label} | {len(items)} | {cells} | {its:.0f} |")
     lines += ["", "Replay diagnostics (replay arms), per run then mean ± 95% t-interval over seeds: mean age of "
-              "replayed trajectories (iterations), mean per-token KL(mu || pi) of replayed trajectories, IS-weight "
-              "ESS fraction, share of replayed tokens at a clip bound, drift rate r (KL per token per iteration of "
-              "age, line through the origin), exponent p of KL ∝ age^p (1: linear), drift time 1/(2r).", "",
-              "| arm | age replayed | KL/token replayed | IS ESS | clipped share | drift rate r | exponent p | "
-              "drift time |", "|---|---|---|---|---|---|---|---|"]
+              "replayed trajectories (iterations), mean per-token KL(mu || pi) of replayed trajectories (k3 "
+              "estimator; runs before 2026-12-01 logged k1), IS-weight ESS fraction, share of replayed tokens at a "
+              "clip bound, share of replayed episodes alone in their group in the batch (group advantage 0), share "
+              "of replayed tokens with a non-zero advantage before whitening, drift rate r (KL per token per "
+              "iteration of age, line through the origin), exponent p of KL ∝ age^p (1: linear), drift time "
+              "1/(2r).", "",
+              "| arm | age replayed | KL/token replayed | IS ESS | clipped share | singletons | adv ≠ 0 tokens | "
+              "drift rate r | exponent p | drift time |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, items in by_label.items():
         reps = [r for r in (replay_summary(rows) for _, rows, _ in items) if r]
         if not reps:
             continue
         diag = {k: mean_ci([r[k] for r in reps]) for k in reps[0]}
         summary[label]["replay"] = {**diag, "per_seed": reps}
-        cells = " | ".join(f"{m:.3g} ± {h:.2g}" for m, h in diag.values())
+        cells = " | ".join(_cell(m, h, 3) for m, h in diag.values())
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines), summary
 

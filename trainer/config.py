@@ -7,6 +7,7 @@ Precedence: defaults < preset < --config file.yaml < command-line overrides.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import typing
@@ -64,9 +65,11 @@ class RolloutConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = opt(10, "iterations between validation rollouts (0: none); the last iteration is evaluated too")
+    every: int = opt(10, "validation before the rollout of every N-th iteration (0: none; iteration 0 is the "
+                         "model before RL, the paper's code) and once after the last")
     episodes: int = opt(32, "validation episodes, one per fixed initial state disjoint from training's")
-    temperature: float = opt(0.0, "validation sampling temperature (0: greedy)")
+    temperature: float = opt(0.99, "validation sampling temperature (the paper's code samples as in training; "
+                                   "0: greedy); top_p and top_k are rollout's")
     samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k")
 
 
@@ -79,14 +82,21 @@ class AlgoConfig:
     replay_advantage: str = opt("recompute", "recompute (within each replay batch, the paper's code) | stored")
     replay_updates: int = opt(2, "K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)")
     replay_batch: int = opt(32, "trajectories per replay update")
+    replay_unit: str = opt("trajectory", "trajectory (draw trajectories by priority, the paper's code) | group "
+                                          "(draw groups by their members' priorities and replay each whole, so "
+                                          "group-relative advantages stay non-zero); group needs replay_batch to "
+                                          "be a multiple of rollout.group_size")
     capacity: int = opt(100000, "buffer capacity in trajectories (the paper's runs evict nothing)")
-    insert_priority: str = opt("max", "max (new trajectories at the largest priority seen, standard PER) | own")
+    insert_priority: str = opt("auto", "how new trajectories enter: auto (the authors' rule per arm: per -> max, "
+                                        "freshper -> max-one-iteration) | max (at the largest priority seen until "
+                                        "replayed, standard PER) | max-one-iteration (at the largest until the next "
+                                        "iteration, then their own: the authors' FreshPER refresh) | own")
     alpha: float = opt(0.6, "priority exponent")
     is_weights: bool = opt(False, "scale replayed losses by IS weights (off in the paper's code)")
     beta: float = opt(0.4, "IS-weight exponent")
     beta_end: float = opt(0.4, "IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)")
     beta_steps: int = opt(200, "iterations over which beta anneals linearly")
-    tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake)")
+    tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake; inf: no decay)")
     tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)")
     tau_min: float = opt(20.0, "tau_auto: lower bound on tau")
     tau_max: float = opt(5000.0, "tau_auto: upper bound on tau")
@@ -101,7 +111,10 @@ class AlgoConfig:
     tis_cap: float = opt(0.0, "truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off")
     agg: str = opt("seq-mean-token-sum", "token-mean | seq-mean-token-mean | seq-mean-token-sum")
     lr: float = opt(1e-4, "AdamW peak learning rate")
-    lr_schedule: str = opt("cosine", "cosine (to 0 over the run, the paper's code) | constant")
+    lr_schedule: str = opt("cosine", "cosine (to 0 over the horizon, the paper's code) | constant")
+    lr_horizon: str = opt("onpolicy", "onpolicy (the cosine's horizon counts on-policy steps while replay steps "
+                                      "advance it too, so it ends early and rises again: the paper's code) | all "
+                                      "(the horizon counts every optimizer step)")
     warmup_steps: int = opt(10, "linear learning-rate warm-up, in optimizer steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     grad_clip: float = opt(1.0, "max gradient norm")
@@ -139,26 +152,35 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _choices() -> dict[str, tuple]:
-    """Allowed values of the choice fields, each taken from the code that implements them."""
+# The registered environments (trainer/envs registers them; a test holds the two equal). Spelled
+# out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
+ENV_NAMES = ("frozenlake", "sokoban", "math")
+INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
+
+
+@functools.cache
+def choices() -> dict[str, tuple]:
+    """Allowed values of the choice fields, each taken from the code that implements them;
+    imported on first use, so `import freshper.trainer.config` loads no kernels or buffer."""
     from freshper.buffer import EVICTIONS
     from freshper.kernels.policy_loss import AGGREGATIONS
     from freshper.priorities import BASE_PRIORITIES, MODES
 
     from .advantages import ESTIMATORS
-    from .envs import ENVS
 
     return {
         "model.dtype": ("auto", "float32", "bfloat16"),
         "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
-        "env.name": tuple(ENVS),
+        "env.name": ENV_NAMES,
         "rollout.engine": ("hf", "vllm"),
         "algo.mode": ("on-policy", *MODES),
         "algo.advantage": ESTIMATORS,
         "algo.replay_advantage": ("recompute", "stored"),
-        "algo.insert_priority": ("max", "own"),
+        "algo.replay_unit": ("trajectory", "group"),
+        "algo.insert_priority": INSERT_PRIORITIES,
         "algo.behaviour_logp": ("before", "after"),
         "algo.lr_schedule": ("cosine", "constant"),
+        "algo.lr_horizon": ("onpolicy", "all"),
         "algo.eviction": EVICTIONS,
         "algo.priority": BASE_PRIORITIES,
         "algo.agg": AGGREGATIONS,
@@ -166,17 +188,27 @@ def _choices() -> dict[str, tuple]:
     }
 
 
-CHOICES = _choices()
+def buffer_insert(algo: "AlgoConfig") -> str:
+    """The buffer's `insert` rule for this arm: the authors' by default (their PER arm keeps a new
+    trajectory at the maximum until it is replayed; their FreshPER arm's refresh ends that boost
+    at the next iteration), or the one named."""
+    rule = algo.insert_priority
+    if rule == "auto":
+        rule = {"per": "max", "freshper": "max-one-iteration"}.get(algo.mode, "own")
+    return {"max-one-iteration": "max-one-step"}.get(rule, rule)
 
-# The paper's setting on a GPU node, from the authors' example configs (ROLL agentic pipeline):
-# Qwen2.5-0.5B-Instruct, 128 groups x 8 episodes = 1,024 per iteration, 64-token replies,
-# 8,192-token episodes, lr 1e-6 cosine with 10 warm-up steps, bf16, vLLM, validation every 10
-# iterations on 1,024 greedy episodes. Weights must be on the machine or reachable from the hub.
+
+# The paper's setting on a GPU node, from the authors' replay configs (examples/replay_buffer/*.yaml
+# of their code; where those are silent, ROLL's agentic examples they build on): Qwen2.5-0.5B-
+# Instruct, 128 groups x 8 = 1,024 episodes per iteration, 128-token replies, 4,096-token episodes,
+# 100 iterations, one replay update per iteration (train_steps_per_env_step: 1) of a rollout-sized
+# batch, lr 1e-6 cosine with 10 warm-up steps, bf16, vLLM, validation every 5 iterations on 1,024
+# episodes sampled as in training. Weights must be on the machine or reachable from the hub.
 _PAPER_GPU = {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.engine": "vllm", "rollout.episodes": 1024,
-              "rollout.group_size": 8, "rollout.max_new_tokens": 64, "rollout.max_len": 8192,
-              "rollout.gpu_memory_utilization": 0.5, "eval.every": 10, "eval.episodes": 1024, "algo.lr": 1e-6,
-              "algo.replay_batch": 1024, "algo.micro_batch": 8, "train.sft_steps": 0, "train.iterations": 200,
-              "model.gradient_checkpointing": True}
+              "rollout.group_size": 8, "rollout.max_new_tokens": 128, "rollout.max_len": 4096,
+              "rollout.gpu_memory_utilization": 0.5, "eval.every": 5, "eval.episodes": 1024, "algo.lr": 1e-6,
+              "algo.replay_updates": 1, "algo.replay_batch": 1024, "algo.micro_batch": 8, "train.sft_steps": 0,
+              "train.iterations": 100, "model.gradient_checkpointing": True}
 _SOKOBAN_SIMPLE = {"env.name": "sokoban", "env.size": 6, "env.boxes": 1, "env.search_depth": 300, "algo.tau": 500.0}
 _SOKOBAN_HARD = {"env.name": "sokoban", "env.size": 8, "env.boxes": 2, "env.search_depth": 10, "algo.tau": 500.0}
 
@@ -314,7 +346,7 @@ def _model_path(v: str) -> bool:
 
 
 # One rule per numeric or free-form field: (predicate, what the allowed values are). Choice
-# fields are checked against CHOICES and booleans by their parser; cross-field rules follow.
+# fields are checked against choices() and booleans by their parser; cross-field rules follow.
 RULES: dict[str, tuple[typing.Callable, str]] = {
     "model.path": (_model_path, "empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct"),
     "model.tiny_hidden": (lambda v: v > 0 and v % 64 == 0, "a positive multiple of 64 (head_dim is 64)"),
@@ -383,8 +415,9 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
 
 def check_field(key: str, value) -> None:
     """Raise ValueError naming `key` and its allowed values if `value` breaks its rule."""
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ValueError(f"{key} must be one of {CHOICES[key]}, got {value!r}")
+    allowed = choices().get(key)
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
     if key in RULES:
         ok, allowed = RULES[key]
         if not ok(value):
@@ -402,6 +435,9 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"rollout.max_new_tokens ({r.max_new_tokens}) must be < rollout.max_len ({r.max_len})")
     if a.tau_max < a.tau_min:
         raise ValueError(f"algo.tau_max ({a.tau_max}) must be >= algo.tau_min ({a.tau_min})")
+    if a.replay_unit == "group" and a.replay_batch % r.group_size:
+        raise ValueError(f"algo.replay_unit=group draws whole groups: algo.replay_batch ({a.replay_batch}) must be "
+                         f"a multiple of rollout.group_size ({r.group_size})")
     if a.mode != "on-policy" and a.replay_batch > a.capacity:
         raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:

@@ -23,7 +23,7 @@ from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
-from .config import Config, to_yaml
+from .config import Config, buffer_insert, to_yaml
 from .drift import DriftTau
 from .engines.base import Sampling, make_engine
 from .envs import make_env
@@ -60,6 +60,17 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def replay_signal(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """What a replay batch can teach, (2,) float64: the share of its episodes whose group has no
+    other member in the batch (a group-relative advantage is 0 for them), and the share of its
+    loss tokens whose episode advantage, before whitening, is non-zero (|A| > 1e-6)."""
+    _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
+    singleton = (counts[inv] == 1).double().mean()
+    tokens = mask[:, 1:].sum(1).double()
+    live = (adv.abs() > 1e-6).double()
+    return torch.stack([singleton, (tokens * live).sum() / tokens.sum().clamp_min(1.0)])
+
+
 def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
     """Initial states of iteration `iteration`: a pure function of (seed, iteration), so a resumed
     run and each arm of a comparison see the same environments."""
@@ -81,14 +92,18 @@ class Trainer:
         seed_everything(cfg.train.seed)
         a, r = cfg.algo, cfg.rollout
         self.K = 0 if a.mode == "on-policy" else a.replay_updates
-        self.policy = Policy(self.model, cfg, self.device, total_steps=cfg.train.iterations * (1 + self.K))
+        # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
+        # steps advance the schedule too), or every optimizer step of the run.
+        horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else 1 + self.K)
+        self.policy = Policy(self.model, cfg, self.device, total_steps=horizon)
         self.phase = Phases()
         self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
         self.beta = linear_beta(a.beta, a.beta_end, steps=max(1, a.beta_steps))
         self.drift = DriftTau(a.tau, a.tau_min, a.tau_max, a.drift_ema) if a.tau_auto and a.mode == "freshper" else None
-        # Replay changes a priority only if it was inserted at the maximum (first replay sets
-        # its own) or is recomputed from a new advantage; otherwise the update is skipped.
-        self.updates_priorities = a.insert_priority == "max" or (
+        # Replay changes a priority only if it may still sit at the maximum (a replay sets its
+        # own) or is recomputed from a new advantage; otherwise the update is skipped.
+        self.insert = buffer_insert(a)
+        self.updates_priorities = self.insert != "own" or (
             a.priority == "advantage" and a.replay_advantage == "recompute")
         self.buffer = None
         self.iteration = self.env_steps = self.episodes = 0
@@ -110,7 +125,8 @@ class Trainer:
                          "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
         if self.buffer is None and self.K > 0:
             self.buffer = ReplayBuffer(a.capacity, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau, eps=a.eps,
-                                       eviction=a.eviction, device=self.device, seed=cfg.train.seed)
+                                       eviction=a.eviction, device=self.device, seed=cfg.train.seed,
+                                       insert=self.insert)
         self.engine = make_engine(r.engine, self.model, self.tok, cfg, self.device)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
 
@@ -126,7 +142,7 @@ class Trainer:
         b = self.buffer
         pairs = {"algo.capacity": (b.capacity, a.capacity), "algo.mode": (b.mode, a.mode),
                  "algo.alpha": (b.alpha, a.alpha), "algo.eps": (b.eps, a.eps),
-                 "algo.eviction": (b.eviction, a.eviction)}
+                 "algo.eviction": (b.eviction, a.eviction), "algo.insert_priority": (b.insert, self.insert)}
         if not a.tau_auto:
             pairs["algo.tau"] = (b.tau, a.tau)
         diff = [f"{k} is {have!r} in the checkpoint, {want!r} now" for k, (have, want) in pairs.items() if have != want]
@@ -152,6 +168,10 @@ class Trainer:
         cfg, it, P, dev = self.cfg, self.iteration, self.phase, self.device
         r = cfg.rollout
         groups = r.episodes // r.group_size
+        ev = {}
+        if cfg.eval.every and it % cfg.eval.every == 0:  # before the rollout: iteration 0 is the untrained policy
+            with P("eval"):
+                ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
         with P("rollout"):
             self.engine.wake()
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), group_seeds(cfg.train.seed, it, groups),
@@ -172,18 +192,18 @@ class Trainer:
             with P("buffer_add"):
                 a = cfg.algo
                 behaviour = old_logp if a.behaviour_logp == "before" else self.policy.logprobs(tokens, mask)
-                prio = None if a.insert_priority == "max" else self._priority(reward, adv)
-                self.buffer.add(prio, step=it, tokens=tokens.to(torch.int32), mask=mask, old_logp=behaviour,
+                self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask, old_logp=behaviour,
                                 engine_logp=elogp, score=score, reward=reward, group=group, adv=adv)
             replay = self._replay(it)
 
         with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
-        ev = {}
-        last = it + 1 == cfg.train.iterations
-        if cfg.eval.every and (it % cfg.eval.every == 0 or last):
+        budget = cfg.train.env_step_budget
+        last = it + 1 == cfg.train.iterations or (budget and self.env_steps + ep.env_steps >= budget)
+        if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
-                ev = self.evaluate()
+                ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
+                          final_eval_env_steps=self.env_steps + ep.env_steps)
 
         self.iteration += 1
         self.env_steps += ep.env_steps
@@ -206,7 +226,10 @@ class Trainer:
         bins = torch.zeros(2, 32, dtype=torch.float64, device=self.device)  # KL sum and count per age bin
         for _ in range(self.K):
             with P("sample"):
-                b = self.buffer.sample(a.replay_batch, step=it)
+                if a.replay_unit == "group":
+                    b = self.buffer.sample_groups(a.replay_batch // self.cfg.rollout.group_size, step=it)
+                else:
+                    b = self.buffer.sample(a.replay_batch, step=it)
             with P("replay_update"):
                 if a.replay_advantage == "recompute":
                     adv, tok_adv = self._advantages(b.score, b.group, b.mask)
@@ -224,11 +247,11 @@ class Trainer:
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
             age = b.age.double()
-            rows.append(torch.stack([b.ess_fraction, age.mean(), age.max(),
-                                     st["row_kl"].double().mean()]).cpu())
-            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"]]
-        names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_loss", "replay_clip_frac",
-                 "replay_ratio_mean"]
+            rows.append(torch.stack([b.ess_fraction, age.mean(), age.max(), st["row_kl"].double().mean(),
+                                     st["row_kl1"].double().mean(), *replay_signal(b.group, adv, b.mask)]).cpu())
+            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"], len(b)]
+        names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_kl_k1", "replay_singleton_frac",
+                 "replay_adv_nonzero_frac", "replay_loss", "replay_clip_frac", "replay_ratio_mean", "replay_rows"]
         out = {n: sum(r[i] for r in rows) / len(rows) for i, n in enumerate(names)}
         out["replay_age_max"] = max(r[2] for r in rows)
         sums, counts = bins.cpu().tolist()

@@ -31,6 +31,20 @@ def read(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def points(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    """(env steps, value) of `key` over a run's rows. Training metrics sit at the env steps reached
+    by the end of their iteration; validation metrics (eval_*) at the env steps spent when the
+    validation ran (before the iteration's rollout), plus the final one after the last iteration
+    (final_eval_*). Rows written before validation moved (no eval_env_steps) keep their own."""
+    pts = []
+    for r in rows:
+        if key in r:
+            pts.append((r.get("eval_env_steps", r["env_steps"]) if key.startswith("eval_") else r["env_steps"], r[key]))
+        if key.startswith("eval_") and f"final_{key}" in r:
+            pts.append((r["final_eval_env_steps"], r[f"final_{key}"]))
+    return pts
+
+
 def plot(run_dir, out: str | None = None) -> Path:
     """Training success and reward against environment steps, with the validation rollouts'
     eval_success and eval_score (no format penalties) as points; returns the PNG path."""
@@ -52,7 +66,7 @@ def plot(run_dir, out: str | None = None) -> Path:
         k = max(1, len(y) // 15)
         smooth = [sum(y[max(0, i - k + 1):i + 1]) / len(y[max(0, i - k + 1):i + 1]) for i in range(len(y))]
         ax.plot(x, smooth, color="C0", label=f"training {label} (mean of {k})")
-        pts = [(r["env_steps"], r[ev]) for r in rows if ev in r]
+        pts = points(rows, ev)
         if pts:
             ax.plot(*zip(*pts), "o-", color="C1", label=f"validation ({ev})")
         ax.set_xlabel("environment steps")

@@ -52,14 +52,16 @@ def unpack(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def lr_lambda(schedule: str, warmup: int, total: int):
     """Multiplier of the peak learning rate at optimizer step s: linear warm-up over `warmup`
-    steps, then constant or cosine down to 0 at step `total`."""
+    steps, then constant or cosine down to 0 at step `total`. Past `total` the cosine goes on
+    (it rises again), as transformers' cosine schedule does in the paper's code, whose replay
+    steps advance a schedule sized for the on-policy steps alone."""
     def f(s: int) -> float:
         if s < warmup:
             return (s + 1) / warmup
         if schedule == "constant":
             return 1.0
-        progress = min(1.0, (s - warmup) / max(1, total - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        progress = (s - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
     return f
 
 
@@ -110,9 +112,11 @@ class Policy:
     # ------------------------------------------------------------------------- the update
     def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
-        (None: all 1) and token advantages `adv` (R, L). Returns detached scalar stats and
-        "row_kl" (R,): the mean over each row's response tokens of old_logp - logp, an estimate
-        of the per-token KL(mu || pi) taken from this update's own log-probs."""
+        (None: all 1) and token advantages `adv` (R, L). Returns detached scalar stats and two
+        estimates (R,) of each row's per-token KL(mu || pi) from this update's own log-probs, means
+        over its response tokens with d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never
+        negative; what the metrics and freshper-auto use), and "row_kl1", k1 = -d (unbiased, but
+        negative on a row where pi happens to favour the sampled tokens)."""
         a = self.cfg.algo
         dev = self.device
         tokens, mask, old_logp, adv = tokens.to(dev), mask.to(dev), old_logp.to(dev), adv.to(dev)
@@ -128,6 +132,7 @@ class Policy:
         self.opt.zero_grad(set_to_none=True)
         sums = torch.zeros(4, dtype=torch.float64, device=dev)  # loss, clip_frac, ratio_mean, kl_mean
         row_kl = torch.zeros(tokens.shape[0], dtype=torch.float32, device=dev)
+        row_kl1 = torch.zeros_like(row_kl)
         for s in range(0, tokens.shape[0], a.micro_batch):
             sl = slice(s, s + a.micro_batch)
             n = int(lengths[sl].max())  # the one host sync per micro-batch: the row width
@@ -150,7 +155,10 @@ class Policy:
             sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
                                  st["kl_mean"] * tok_share]).double()
             m = mk[:, 1:].float()
-            row_kl[sl] = ((old_logp[sl, 1:n] - st["logp"]) * m).sum(1) / m.sum(1).clamp_min(1.0)
+            d = (st["logp"] - old_logp[sl, 1:n]).masked_fill(m == 0, 0.0)
+            count = m.sum(1).clamp_min(1.0)
+            row_kl[sl] = ((torch.expm1(d) - d) * m).sum(1) / count
+            row_kl1[sl] = -(d * m).sum(1) / count
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
         vals = torch.cat([sums, grad_norm.detach().double()[None], total_tok.double()[None]]).tolist()  # one sync
         if not math.isfinite(vals[4]):
@@ -159,7 +167,7 @@ class Policy:
         self.opt.step()
         self.sched.step()
         return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
-                "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl}
+                "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1}
 
     # --------------------------------------------------------------------- warm start (SFT)
     def warm_start(self, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,

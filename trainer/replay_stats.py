@@ -72,5 +72,8 @@ def replay_summary(rows: list[dict]) -> dict:
             "kl_mean": float(np.mean([r["replay_kl"] for r in rep])),
             "ess": float(np.mean([r["is_ess"] for r in rep])),
             "clip_share": float(np.mean([r["replay_clip_frac"] for r in rep])),
+            # what a replay batch can teach (logged since 2026-12-01; nan for older runs)
+            "singleton": float(np.mean([r.get("replay_singleton_frac", np.nan) for r in rep])),
+            "adv_nonzero": float(np.mean([r.get("replay_adv_nonzero_frac", np.nan) for r in rep])),
             "drift_rate": rate, "drift_exponent": p,
             "drift_time": 1 / (2 * rate) if rate > 0 else math.inf}

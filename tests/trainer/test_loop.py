@@ -140,7 +140,7 @@ def test_evaluation_rows_and_evaluation_does_not_change_training(tmp_path):
     for r in with_eval:
         if "eval_success" in r:
             assert 0 <= r["eval_success"] <= 1 and r["eval_score"] <= 1
-    strip = lambda r: {k: v for k, v in stable(r).items() if not k.startswith("eval_")}  # noqa: E731
+    strip = lambda r: {k: v for k, v in stable(r).items() if not k.startswith(("eval_", "final_eval_"))}  # noqa: E731
     assert [strip(r) for r in with_eval] == [strip(r) for r in without]
 
 

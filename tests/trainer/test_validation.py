@@ -45,6 +45,8 @@ INVALID = {
     "algo.adv_clip": "-1",
     "algo.replay_advantage": "fresh",
     "algo.insert_priority": "min",
+    "algo.replay_unit": "episode",
+    "algo.lr_horizon": "forever",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",
     "algo.lr_schedule": "linear",

@@ -1,0 +1,101 @@
+"""The replay arms as the authors run them, and what a replay batch can teach."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from freshper.trainer import config
+from freshper.trainer.loop import Trainer, replay_signal
+from freshper.trainer.policy import lr_lambda
+
+
+@pytest.mark.parametrize("mode,rule,want", [("freshper", "auto", "max-one-step"), ("per", "auto", "max"),
+                                            ("uniform", "auto", "own"), ("freshper", "max", "max"),
+                                            ("per", "max-one-iteration", "max-one-step"), ("freshper", "own", "own")])
+def test_each_arm_inserts_by_the_authors_rule(mode, rule, want):
+    cfg = config.load("tiny", None, {"algo.mode": mode, "algo.insert_priority": rule})
+    assert config.buffer_insert(cfg.algo) == want
+
+
+def test_freshper_run_ends_the_boost_after_one_iteration(tmp_path):
+    tr = Trainer(config.load("tiny", None, {"algo.mode": "freshper", "train.iterations": 2}), tmp_path / "f")
+    tr.run()
+    b = tr.buffer
+    assert b.insert == "max-one-step"
+    newest = b._birth == 1
+    assert not b._boosted[~newest].any()  # a boost is ended by a replay or by the next iteration
+    # the first iteration's trajectories hold their own priority |reward| + eps, not the maximum
+    first = (b._birth == 0) & b._live
+    torch.testing.assert_close(b._log_base[first], torch.log(b._fields["reward"][first].abs().double() + b.eps))
+
+
+def test_replay_signal_counts_singletons_and_zero_advantage_tokens():
+    group = torch.tensor([7, 7, 3, 9, 9, 9, 4])
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 0.0, -0.5, 0.0])
+    mask = torch.zeros(7, 6, dtype=torch.bool)
+    mask[:, 2:5] = True  # 3 tokens each
+    mask[0, 5] = True  # row 0: 4 tokens
+    single, nonzero = replay_signal(group, adv, mask).tolist()
+    assert single == pytest.approx(2 / 7)  # groups 3 and 4
+    assert nonzero == pytest.approx((4 + 3 + 3 + 3) / 22)
+
+
+def test_group_replay_has_no_singletons_and_trajectory_replay_reports_them(tmp_path):
+    over = {"algo.mode": "freshper", "train.iterations": 3, "rollout.episodes": 8, "algo.replay_batch": 4,
+            "algo.capacity": 64}
+    rows = Trainer(config.load("tiny", None, {**over, "algo.replay_unit": "group"}), tmp_path / "g").run()
+    assert all(r["replay_singleton_frac"] == 0 and r["replay_rows"] == 4 for r in rows)
+    rows = Trainer(config.load("tiny", None, over), tmp_path / "t").run()
+    assert all(0 <= r["replay_singleton_frac"] <= 1 and 0 <= r["replay_adv_nonzero_frac"] <= 1 for r in rows)
+    assert rows[-1]["replay_singleton_frac"] > 0  # 4 draws from 12 groups of 2: singletons are near certain
+    with pytest.raises(ValueError, match="multiple of rollout.group_size"):
+        config.load("tiny", None, {"algo.replay_unit": "group", "algo.replay_batch": 3})
+
+
+def test_replay_kl_is_never_negative(tmp_path):
+    rows = Trainer(config.load("tiny", None, {"algo.mode": "per", "train.iterations": 3}), tmp_path / "k").run()
+    assert all(r["replay_kl"] >= 0 for r in rows)
+    assert all(v[0] >= 0 for r in rows for v in r["replay_kl_by_age"].values())
+
+
+def test_infinite_tau_runs_as_no_decay(tmp_path):
+    cfg = config.load("tiny", None, {"algo.mode": "freshper", "algo.tau": "inf", "train.iterations": 1})
+    tr = Trainer(cfg, tmp_path / "inf")
+    tr.run()
+    assert math.isinf(tr.buffer.tau)
+    from freshper.trainer.drift import DriftTau
+
+    d = DriftTau(100.0, 20.0, math.inf)
+    d.observe(torch.tensor([1.0, 2.0]), torch.tensor([-0.1, -0.2]))  # no drift measured: tau_max
+    tr.buffer.set_tau(d.update())
+    assert math.isinf(tr.buffer.tau)
+
+
+def test_cosine_past_its_horizon_rises_again_as_in_the_papers_code():
+    f = lr_lambda("cosine", 0, 100)
+    assert f(0) == 1.0 and f(100) == pytest.approx(0.0, abs=1e-12)
+    assert f(150) == pytest.approx(0.5) and f(200) == pytest.approx(1.0)
+    cfg = config.load("tiny", None, {"algo.mode": "per", "algo.lr_horizon": "all", "train.iterations": 4})
+    assert cfg.algo.lr_horizon == "all"
+
+
+def test_gpu_presets_follow_the_authors_replay_configs():
+    for name in ("qwen2.5-0.5b-frozenlake", "qwen2.5-0.5b-sokoban-simple", "qwen2.5-0.5b-sokoban-hard"):
+        p = config.PRESETS[name]
+        assert p["algo.replay_updates"] == 1 and p["eval.every"] == 5 and p["rollout.max_new_tokens"] == 128
+        assert p["rollout.max_len"] == 4096 and p["train.iterations"] == 100
+    assert config.EvalConfig().temperature == config.RolloutConfig().temperature == 0.99
+
+
+def test_reading_a_config_imports_no_environment_or_model_library():
+    heavy = "('gymnasium', 'transformers', 'datasets', 'math_verify', 'freshper.trainer.envs', 'freshper.kernels')"
+    code = ("import sys; import freshper.trainer.config as c; c.field_table(); print([m for m in HEAVY if m in "
+            "sys.modules]); c.load('math-cpu'); print([m for m in HEAVY[:-1] if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code.replace("HEAVY", heavy)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["[]", "[]"]  # validating a config loads the kernels (their choices), nothing more
+    from freshper.trainer.envs import ENVS
+
+    assert set(config.ENV_NAMES) == set(ENVS)
