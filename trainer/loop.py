@@ -192,8 +192,9 @@ class Trainer:
             with P("buffer_add"):
                 a = cfg.algo
                 behaviour = old_logp if a.behaviour_logp == "before" else self.policy.logprobs(tokens, mask)
-                self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask, old_logp=behaviour,
-                                engine_logp=elogp, score=score, reward=reward, group=group, adv=adv)
+                self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
+                                old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
+                                adv=adv)
             replay = self._replay(it)
 
         with P("weight_sync"):
