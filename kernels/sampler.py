@@ -11,15 +11,22 @@ the scan carry the magnitude of the total, so at 1e6-1e7 slots a few percent of 
 neighbouring slot while the returned probability is that slot's exact one, and the IS weights
 cannot correct the distortion. float64 costs little here: the work is memory-bound.
 
-Two launches, three levels, chosen by bytes moved per call (see BENCHMARKS.md):
+Three launches, three levels, chosen by bytes moved per call and by what stays in registers
+when compiled (see BENCHMARKS.md; tests/kernels/test_compile_cuda.py compiles every launch for
+sm_90 and sm_80 and holds it to no spills):
 `_block_stats` reads every key once (the floor: 8 N bytes) and writes, per block of BLOCK keys,
 its max, min and mass sum(exp(k - block max)), and the masses of its BLOCK / SUB sub-blocks.
-`_search` takes DRAWS draws per program: it scans the block masses (rescaled to the global max,
-a few thousand at most, from L2), picks each draw's block, then its sub-block from the stored
-sub-block masses, then rescans only that sub-block's SUB keys. A draw reads about
-8 (BLOCK / SUB + SUB) bytes instead of a whole block. A float scan need not agree exactly with
-the separately reduced totals, so each level picks only entries of positive mass and falls back
-to the last such entry: an empty slot is never returned.
+`_block_scan`, one program, turns the block masses (rescaled to the global max) into an
+inclusive prefix sum with a running carry, chunk by chunk, and writes the global max, min and
+total. `_search` takes DRAWS draws per program: a binary search of the block prefix picks each
+draw's block, the stored sub-block masses its sub-block, and a rescan of that sub-block's SUB
+keys its slot. A draw reads about 8 (log2(N / BLOCK) + BLOCK / SUB + SUB) bytes, and no tile is
+wider than DRAWS x 64, whatever N. A float scan need not agree exactly with the separately reduced
+totals, so each level picks only entries of positive mass (a block of zero mass maps to the last
+positive block before it) and falls back to the last such entry: an empty slot is never returned.
+
+Scalars that enter float64 arithmetic (beta) travel in a float64 tensor: a Python float kernel
+argument is compiled as an fp32 parameter, which would round beta before the weight math.
 """
 from __future__ import annotations
 
@@ -47,9 +54,48 @@ if HAS_TRITON:
         tl.store(bmin_ptr + pid, tl.min(tl.where(live, k, float("inf")), axis=0))
 
     @triton.jit
+    def _max_int(a, b):
+        return tl.maximum(a, b)
+
+    @triton.jit
+    def _block_scan(bmax_ptr, bsum_ptr, bmin_ptr, nb, prefix_ptr, owner_ptr, scal_ptr, CHUNK: tl.constexpr):
+        # One program: the global max and min key, then the block masses rescaled to the global
+        # max, their inclusive prefix sum (chunk by chunk with a running carry) and, per block,
+        # the last block of positive mass at or before it (its owner).
+        lane = tl.arange(0, CHUNK)
+        big = tl.full((CHUNK,), -float("inf"), tl.float64)
+        low = tl.full((CHUNK,), float("inf"), tl.float64)
+        for c in range(0, nb, CHUNK):
+            o = c + lane
+            big = tl.maximum(big, tl.load(bmax_ptr + o, mask=o < nb, other=-float("inf")))
+            low = tl.minimum(low, tl.load(bmin_ptr + o, mask=o < nb, other=float("inf")))
+        top = tl.max(big, axis=0)
+        carry = tl.zeros((), tl.float64)
+        last = tl.full((), -1, tl.int32)
+        first = tl.full((), -1, tl.int32)
+        for c in range(0, nb, CHUNK):
+            o = c + lane
+            bsum = tl.load(bsum_ptr + o, mask=o < nb, other=0.0)
+            bm = tl.load(bmax_ptr + o, mask=o < nb, other=-float("inf"))
+            mass = tl.where(bsum > 0, bsum * tl.exp(bm - top), 0.0)
+            incl = carry + tl.cumsum(mass, axis=0)
+            tl.store(prefix_ptr + o, incl, mask=o < nb)
+            pos = tl.where(mass > 0, o, -1)
+            own = tl.maximum(tl.associative_scan(pos, 0, _max_int), last)
+            tl.store(owner_ptr + o, own, mask=o < nb)
+            last = tl.max(own, axis=0)
+            cand = tl.min(tl.where(mass > 0, o, 2147483647), axis=0)
+            first = tl.where((first < 0) & (cand < 2147483647), cand, first)
+            carry = tl.max(tl.where(o < nb, incl, 0.0), axis=0)
+        tl.store(scal_ptr + 0, carry)
+        tl.store(scal_ptr + 1, top)
+        tl.store(scal_ptr + 2, tl.min(low, axis=0))
+        tl.store(scal_ptr + 4, first.to(tl.float64))
+
+    @triton.jit
     def _pick(incl, mass, target, lanes, WIDTH: tl.constexpr):
         """Per row: the first lane of positive mass whose inclusive sum exceeds the target, else
-        the last lane of positive mass. incl, mass: [R, WIDTH] (or [WIDTH]); target: [R]."""
+        the last lane of positive mass. incl, mass: [R, WIDTH]; target: [R]."""
         pos = mass > 0
         hit = (incl > target[:, None]) & pos
         first = tl.min(tl.where(hit, lanes, WIDTH), axis=1)
@@ -57,30 +103,33 @@ if HAS_TRITON:
         return tl.where(first == WIDTH, last, first)
 
     @triton.jit
-    def _search(keys_ptr, n, bmax_ptr, bsum_ptr, bmin_ptr, sub_ptr, nb, u_ptr, n_draws, beta,
-                idx_ptr, prob_ptr, w_ptr, BLOCK: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr,
-                NB_BLOCK: tl.constexpr, DRAWS: tl.constexpr):
+    def _search(keys_ptr, n, bmax_ptr, bsum_ptr, prefix_ptr, owner_ptr, sub_ptr, scal_ptr, nb, n_steps, u_ptr,
+                n_draws, idx_ptr, prob_ptr, w_ptr, BLOCK: tl.constexpr, SUB: tl.constexpr, NSUB: tl.constexpr,
+                DRAWS: tl.constexpr):
         j = tl.program_id(0) * DRAWS + tl.arange(0, DRAWS)
         jmask = j < n_draws
-        # Level 1: blocks. Masses rescaled to the global max; every program rescans them (L2).
-        bo = tl.arange(0, NB_BLOCK)
-        bmask = bo < nb
-        bmax = tl.load(bmax_ptr + bo, mask=bmask, other=-float("inf"))
-        bsum = tl.load(bsum_ptr + bo, mask=bmask, other=0.0)
-        kmin = tl.min(tl.load(bmin_ptr + bo, mask=bmask, other=float("inf")), axis=0)
-        big = tl.max(bmax, axis=0)
-        scale = tl.where(bsum > 0, tl.exp(bmax - big), 0.0)
-        mass = bsum * scale
-        incl = tl.cumsum(mass, axis=0)
-        total = tl.sum(mass, axis=0)
+        total = tl.load(scal_ptr + 0)
+        top = tl.load(scal_ptr + 1)
+        kmin = tl.load(scal_ptr + 2)
+        beta = tl.load(scal_ptr + 3)
+        first = tl.load(scal_ptr + 4).to(tl.int32)
         u = tl.load(u_ptr + j, mask=jmask, other=0.0).to(tl.float64)
         target = (j.to(tl.float64) + u) / n_draws * total
-        b = _pick(incl[None, :], mass[None, :], target, bo[None, :], NB_BLOCK)
-        sel = bo[None, :] == b[:, None]
-        before = tl.sum(tl.where(sel, (incl - mass)[None, :], 0.0), axis=1)
+        # Level 1: the first block whose inclusive prefix exceeds the target (binary search).
+        lo = tl.zeros((DRAWS,), tl.int32)
+        hi = tl.full((DRAWS,), nb, tl.int32)
+        for _ in range(n_steps):
+            mid = (lo + hi) // 2
+            right = tl.load(prefix_ptr + mid, mask=mid < nb, other=float("inf")) <= target
+            lo = tl.where(right & (lo < hi), mid + 1, lo)
+            hi = tl.where(~right & (lo < hi), mid, hi)
+        b = tl.load(owner_ptr + tl.minimum(lo, nb - 1))
+        b = tl.where(b < 0, first, b)  # only zero-mass blocks before it: the first positive block
+        bm = tl.load(bmax_ptr + b)
+        scale = tl.exp(bm - top)
+        mass = tl.load(bsum_ptr + b) * scale
         # Residual inside block b, in units of exp(k - block max), so no block underflows.
-        rest = (target - before) / tl.sum(tl.where(sel, scale[None, :], 0.0), axis=1)
-        bm = tl.sum(tl.where(sel, bmax[None, :], 0.0), axis=1)
+        rest = (target - (tl.load(prefix_ptr + b) - mass)) / scale
         b = b.to(tl.int64)
         # Level 2: the block's sub-block masses, written by _block_stats.
         so = tl.arange(0, NSUB)
@@ -90,22 +139,24 @@ if HAS_TRITON:
         csel = so[None, :] == c[:, None]
         rest = rest - tl.sum(tl.where(csel, cs - s, 0.0), axis=1)
         # Level 3: the SUB keys of that sub-block.
-        lo = tl.arange(0, SUB)
-        offs = b[:, None] * BLOCK + c[:, None] * SUB + lo[None, :]
+        lo3 = tl.arange(0, SUB)
+        offs = b[:, None] * BLOCK + c[:, None] * SUB + lo3[None, :]
         k = tl.load(keys_ptr + offs, mask=(offs < n) & jmask[:, None], other=-float("inf")).to(tl.float64)
         e = tl.where(k > -float("inf"), tl.exp(k - bm[:, None]), 0.0)
-        i = _pick(tl.cumsum(e, axis=1), e, rest, lo[None, :], SUB)
-        ki = tl.sum(tl.where(lo[None, :] == i[:, None], k, 0.0), axis=1)
+        i = _pick(tl.cumsum(e, axis=1), e, rest, lo3[None, :], SUB)
+        ki = tl.sum(tl.where(lo3[None, :] == i[:, None], k, 0.0), axis=1)
         tl.store(idx_ptr + j, b * BLOCK + c * SUB + i, mask=jmask)
-        tl.store(prob_ptr + j, tl.exp(ki - big) / total, mask=jmask)
+        tl.store(prob_ptr + j, tl.exp(ki - top) / total, mask=jmask)
         tl.store(w_ptr + j, tl.exp(-beta * (ki - kmin)), mask=jmask)
 
 
-# Elements of the widest per-program tile, draws x max(blocks, sub-blocks, SUB): small enough
-# to stay in registers when compiled; the CPU interpreter pays per program, so it gets more.
-_TILE = 4096
-_TILE_INTERPRETED = 65536
+# Elements of the widest per-program tile (draws x max(sub-blocks, SUB)) and of a scan chunk:
+# small enough to stay in registers when compiled (no spills on sm_80/sm_90, tested); the CPU
+# interpreter pays per program and per loop trip, so it gets more.
+_TILE, _CHUNK = 1024, 1024
+_TILE_INTERPRETED, _CHUNK_INTERPRETED = 65536, 16384
 _SUB = 64  # keys per sub-block: 512 bytes of float64, one coalesced read per draw
+MAX_SLOTS = 2**31 - 1  # int32 slot counts and block indices in the kernels
 
 
 def _check(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, check_live: bool) -> None:
@@ -147,46 +198,47 @@ def sample_reference(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *,
     return idx, torch.exp(ki - big) / total, torch.exp(-beta * (ki - kmin))
 
 
-def _plan(n: int, n_draws: int, block: int | None) -> tuple[int, int, int, int]:
-    """(BLOCK, SUB, number of blocks, draws per program) for N keys and B draws."""
+def _plan(n: int, n_draws: int, block: int | None) -> tuple[int, int, int, int, int]:
+    """(BLOCK, SUB, number of blocks, draws per program, scan chunk) for N keys and B draws."""
+    if n > MAX_SLOTS:
+        raise ValueError(f"keys has {n} slots; the sampler supports at most {MAX_SLOTS} (2^31 - 1)")
     if block is None:
-        block = min(4096, triton.next_power_of_2(max(n, _SUB)))
+        block = min(4096, triton.next_power_of_2(max(n, 2 * _SUB)))
     elif not (isinstance(block, int) and block >= 16 and block & (block - 1) == 0):
         raise ValueError(f"block must be a power of two >= 16, got {block!r}")
-    sub = min(_SUB, block)
+    sub = min(_SUB, block // 2)  # at least two sub-blocks: no scan runs over an axis of length 1
     nb = triton.cdiv(n, block)
-    nb_block = triton.next_power_of_2(nb)
-    if nb_block > 16384:
-        raise ValueError(f"keys has {n} slots; with block={block} at most {16384 * block} are supported")
-    width = max(nb_block, block // sub, sub)
-    tile = _TILE_INTERPRETED if interpreted() else _TILE
-    draws = max(1, min(triton.next_power_of_2(n_draws), tile // width))
-    return block, sub, nb, draws
+    tile, chunk = (_TILE_INTERPRETED, _CHUNK_INTERPRETED) if interpreted() else (_TILE, _CHUNK)
+    draws = max(1, min(triton.next_power_of_2(n_draws), tile // max(block // sub, sub)))
+    return block, sub, nb, draws, min(chunk, max(16, triton.next_power_of_2(nb)))
 
 
 def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block: int | None = None, *,
                   check_live: bool = True):
     """The fused Triton sampler; same contract as `sample_reference` (float64 probs and weights).
-    block: keys per first-level block, a power of two >= 16 (None: up to 4096)."""
+    block: keys per first-level block, a power of two >= 16 (None: up to 4096). At most
+    2^31 - 1 slots."""
     _check(keys, uniforms, beta, check_live)
     require_triton(keys)
     n = keys.numel()
     n_draws = uniforms.numel()
-    block, sub, nb, draws = _plan(n, n_draws, block)
+    block, sub, nb, draws, chunk = _plan(n, n_draws, block)
     dev = keys.device
     keys = keys.contiguous()
-    bmax = torch.empty(nb, dtype=torch.float64, device=dev)
-    bsum = torch.empty(nb, dtype=torch.float64, device=dev)
-    bmin = torch.empty(nb, dtype=torch.float64, device=dev)
-    subs = torch.empty(nb * (block // sub), dtype=torch.float64, device=dev)
+    f64 = dict(dtype=torch.float64, device=dev)
+    bmax, bsum, bmin, prefix = (torch.empty(nb, **f64) for _ in range(4))
+    owner = torch.empty(nb, dtype=torch.int32, device=dev)
+    subs = torch.empty(nb * (block // sub), **f64)
+    scal = torch.full((5,), float(beta), **f64)  # [total, max, min, beta, first positive block]
     idx = torch.empty(n_draws, dtype=torch.int64, device=dev)
-    prob = torch.empty(n_draws, dtype=torch.float64, device=dev)
-    w = torch.empty(n_draws, dtype=torch.float64, device=dev)
+    prob = torch.empty(n_draws, **f64)
+    w = torch.empty(n_draws, **f64)
     with launch_range("kernel:sampler"):
         _block_stats[(nb,)](keys, n, bmax, bsum, bmin, subs, BLOCK=block, SUB=sub)
-        _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, bmin, subs, nb, uniforms.contiguous(), n_draws,
-                                                float(beta), idx, prob, w, BLOCK=block, SUB=sub,
-                                                NSUB=block // sub, NB_BLOCK=triton.next_power_of_2(nb), DRAWS=draws)
+        _block_scan[(1,)](bmax, bsum, bmin, nb, prefix, owner, scal, CHUNK=chunk)
+        _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, prefix, owner, subs, scal, nb,
+                                                nb.bit_length(), uniforms.contiguous(), n_draws, idx, prob, w,
+                                                BLOCK=block, SUB=sub, NSUB=block // sub, DRAWS=draws)
     return idx, prob, w
 
 
