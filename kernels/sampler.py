@@ -198,8 +198,9 @@ def sample_reference(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *,
     return idx, torch.exp(ki - big) / total, torch.exp(-beta * (ki - kmin))
 
 
-def _plan(n: int, n_draws: int, block: int | None) -> tuple[int, int, int, int, int]:
-    """(BLOCK, SUB, number of blocks, draws per program, scan chunk) for N keys and B draws."""
+def _plan(n: int, n_draws: int, block: int | None, *, compiled: bool | None = None) -> tuple[int, int, int, int, int]:
+    """(BLOCK, SUB, number of blocks, draws per program, scan chunk) for N keys and B draws, for
+    compiled code or the interpreter (None: whichever runs here)."""
     if n > MAX_SLOTS:
         raise ValueError(f"keys has {n} slots; the sampler supports at most {MAX_SLOTS} (2^31 - 1)")
     if block is None:
@@ -208,7 +209,8 @@ def _plan(n: int, n_draws: int, block: int | None) -> tuple[int, int, int, int, 
         raise ValueError(f"block must be a power of two >= 16, got {block!r}")
     sub = min(_SUB, block // 2)  # at least two sub-blocks: no scan runs over an axis of length 1
     nb = triton.cdiv(n, block)
-    tile, chunk = (_TILE_INTERPRETED, _CHUNK_INTERPRETED) if interpreted() else (_TILE, _CHUNK)
+    compiled = not interpreted() if compiled is None else compiled
+    tile, chunk = (_TILE, _CHUNK) if compiled else (_TILE_INTERPRETED, _CHUNK_INTERPRETED)
     draws = max(1, min(triton.next_power_of_2(n_draws), tile // max(block // sub, sub)))
     return block, sub, nb, draws, min(chunk, max(16, triton.next_power_of_2(nb)))
 

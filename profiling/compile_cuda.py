@@ -1,0 +1,169 @@
+"""Compile the project's Triton kernels for CUDA on a machine without a GPU, and read what the
+GPU would run: registers, local memory (spills) and shared memory per kernel, from the cubin.
+
+Triton compiles for a named target without a driver (`triton.compile(ASTSource(...),
+target=GPUTarget("cuda", 90, 32))`; its wheel ships ptxas and cuobjdump), so compile errors,
+register pressure and spills show on the CPU machine. `launches()` lists every kernel with the
+configurations the code actually launches (the sampler's plan from 1e2 slots to its limit, the
+policy-loss blocks with and without each option, fp32/bf16/fp64 inputs);
+tests/kernels/test_compile_cuda.py compiles them all for sm_90 and sm_80.
+
+    python -m freshper.profiling.compile_cuda [--arch 90]     # the table
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Shared memory a block may use, by compute capability (CUDA programming guide, opt-in maxima).
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+
+@dataclass
+class Launch:
+    """One kernel configuration: the @triton.jit function, its signature (name -> Triton type,
+    "constexpr" for compile-time constants) and the constexpr values."""
+
+    name: str
+    fn: object
+    signature: dict
+    constexprs: dict
+
+
+@dataclass
+class Resources:
+    regs: int  # registers per thread
+    stack: int  # bytes of local memory per thread (register spills and local arrays)
+    shared: int  # bytes of shared memory per block
+    num_warps: int
+
+
+def _cuobjdump() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def compile_launch(launch: Launch, arch: int = 90) -> Resources:
+    """Compile `launch` for sm_<arch> with Triton's own compiler and ptxas; raise on a compile
+    error; return what the cubin says it needs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {**launch.signature, **{k: "constexpr" for k in launch.constexprs}}
+    src = ASTSource(fn=launch.fn, signature=sig, constexprs=launch.constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(_cuobjdump()), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage for {launch.name}:\n{out}")
+    regs, stack, shared, local = map(int, m.groups())
+    return Resources(regs, stack + local, max(shared, int(kernel.metadata.shared)), int(kernel.metadata.num_warps))
+
+
+def sampler_launches(n: int, draws: int, block: int | None = None) -> list[Launch]:
+    """The three sampler launches as `sample_triton` plans them for n keys and `draws` draws,
+    compiled as on a GPU (the plan's compiled tile sizes, not the interpreter's)."""
+    from freshper.kernels import sampler as S
+
+    block, sub, nb, d, chunk = S._plan(n, draws, block, compiled=True)
+    f64, i32 = "*fp64", "i32"
+    tag = f"n={n:.0e} B={draws}" + (f" block={block}" if block else "")
+    return [
+        Launch(f"_block_stats {tag}", S._block_stats, dict(keys_ptr=f64, n=i32, bmax_ptr=f64, bsum_ptr=f64,
+                                                           bmin_ptr=f64, sub_ptr=f64), dict(BLOCK=block, SUB=sub)),
+        Launch(f"_block_scan {tag}", S._block_scan, dict(bmax_ptr=f64, bsum_ptr=f64, bmin_ptr=f64, nb=i32,
+                                                         prefix_ptr=f64, owner_ptr="*i32", scal_ptr=f64),
+               dict(CHUNK=chunk)),
+        Launch(f"_search {tag}", S._search, dict(keys_ptr=f64, n=i32, bmax_ptr=f64, bsum_ptr=f64, prefix_ptr=f64,
+                                                 owner_ptr="*i32", sub_ptr=f64, scal_ptr=f64, nb=i32, n_steps=i32,
+                                                 u_ptr=f64, n_draws=i32, idx_ptr="*i64", prob_ptr=f64, w_ptr=f64),
+               dict(BLOCK=block, SUB=sub, NSUB=block // sub, DRAWS=d)),
+    ]
+
+
+def policy_loss_launches() -> list[Launch]:
+    """The policy-loss kernel with every option combination (fp32), the other input dtypes with
+    every option on, and the smallest and largest token blocks."""
+    L = importlib.import_module("freshper.kernels.policy_loss")  # the package re-exports a function of that name
+
+    def one(dt, has_w, has_kl, has_tis, block_t, mask="*u8"):
+        sig = dict(logp_ptr=dt, old_ptr=dt, adv_ptr="*fp32", mask_ptr=mask, w_ptr="*fp32", ref_ptr=dt, tis_ptr=dt,
+                   dl_ptr="*fp32", part_ptr="*fp32", T="i32", stride_lp="i32", stride_old="i32",
+                   stride_adv_b="i32", stride_adv_t="i32", stride_mask="i32", stride_ref="i32", stride_tis="i32",
+                   stride_dl="i32", clip_low="fp32", clip_high="fp32", kl_coef="fp32", tis_cap="fp32")
+        const = dict(HAS_W=has_w, HAS_KL=has_kl, HAS_TIS=has_tis, BLOCK_T=block_t)
+        name = f"_policy_loss_fwd {dt[1:]} w={int(has_w)} kl={int(has_kl)} tis={int(has_tis)} T={block_t} mask={mask[1:]}"
+        return Launch(name, L._policy_loss_fwd, sig, const)
+
+    out = [one("*fp32", w, kl, tis, 1024) for w in (False, True) for kl in (False, True) for tis in (False, True)]
+    out += [one(dt, True, True, True, 1024) for dt in ("*bf16", "*fp16", "*fp64")]
+    out += [one("*fp32", True, True, True, 16), one("*bf16", True, True, True, 16, mask="*fp32")]
+    return out
+
+
+# Sizes the sampler is compiled at: from 1e2 slots to its limit, one draw to many.
+SAMPLER_SIZES = [(100, 1), (100, 256), (10**4, 256), (10**5, 256), (10**6, 256), (10**6, 4096), (10**7, 256),
+                 (2**31 - 1, 1024)]
+SAMPLER_BLOCKS = [16, 64, 128, 1024]  # explicit first-level blocks the tests pass
+
+
+def launches() -> list[Launch]:
+    """Every distinct kernel configuration the code launches (deduplicated by constexprs)."""
+    seen, out = set(), []
+    cands = [x for n, b in SAMPLER_SIZES for x in sampler_launches(n, b)]
+    cands += [x for blk in SAMPLER_BLOCKS for x in sampler_launches(5000, 256, blk)]
+    for x in cands + policy_loss_launches():
+        key = (x.fn, tuple(sorted(x.signature.items())), tuple(sorted(x.constexprs.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(x)
+    return out
+
+
+def main(argv=None) -> int:
+    import json
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter has no compiler to ask")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, action="append", help="compute capability x10 (default 90 and 80)")
+    p.add_argument("--json", action="store_true", help="one JSON list on stdout, for the tests")
+    args = p.parse_args(argv)
+    rows = []
+    for arch in args.arch or [90, 80]:
+        for x in launches():
+            try:
+                r = compile_launch(x, arch)
+                rows.append({"name": x.name, "arch": arch, "regs": r.regs, "stack": r.stack, "shared": r.shared,
+                             "num_warps": r.num_warps, "error": None})
+            except Exception as e:  # a compile error is a result here, reported per kernel
+                rows.append({"name": x.name, "arch": arch, "error": f"{type(e).__name__}: {str(e)[-400:]}"})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    import triton
+
+    print(f"triton {triton.__version__}: registers per thread, local memory (spills) and shared memory per block")
+    print("| kernel | sm | regs | local B | shared B | warps |\n|---|---|---|---|---|---|")
+    for r in rows:
+        if r["error"]:
+            print(f"| {r['name']} | {r['arch']} | compile error: {r['error'][:80]} | | | |")
+        else:
+            print(f"| {r['name']} | {r['arch']} | {r['regs']} | {r['stack']} | {r['shared']} | {r['num_warps']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
