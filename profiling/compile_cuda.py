@@ -103,7 +103,8 @@ def policy_loss_launches() -> list[Launch]:
                    stride_adv_b="i32", stride_adv_t="i32", stride_mask="i32", stride_ref="i32", stride_tis="i32",
                    stride_dl="i32", clip_low="fp32", clip_high="fp32", kl_coef="fp32", tis_cap="fp32")
         const = dict(HAS_W=has_w, HAS_KL=has_kl, HAS_TIS=has_tis, BLOCK_T=block_t)
-        name = f"_policy_loss_fwd {dt[1:]} w={int(has_w)} kl={int(has_kl)} tis={int(has_tis)} T={block_t} mask={mask[1:]}"
+        name = (f"_policy_loss_fwd {dt[1:]} w={int(has_w)} kl={int(has_kl)} tis={int(has_tis)} T={block_t} "
+                f"mask={mask[1:]}")
         return Launch(name, L._policy_loss_fwd, sig, const)
 
     out = [one("*fp32", w, kl, tis, 1024) for w in (False, True) for kl in (False, True) for tis in (False, True)]
