@@ -203,10 +203,13 @@ def bench_cuda(quick: bool):
 
 def sampler_bytes(n: int, draws: int, block: int = 4096, sub: int = 64) -> int:
     """Bytes one fused sample call moves: every float64 key read once; per block, 3 stats and
-    block/sub sub-block masses written; per program the block stats re-read; per draw one
-    sub-block row of masses and one sub-block of keys read, 3 outputs written."""
+    block/sub sub-block masses written, then 4 stats read and the prefix and owner written by the
+    scan; per draw the binary search's prefix reads, the block's stats, one sub-block row of masses
+    and one sub-block of keys read, 3 outputs written."""
     nb = -(-n // block)
-    return 8 * n + 8 * nb * (3 + block // sub) + 8 * 3 * nb + draws * 8 * (block // sub + sub + 3)
+    steps = nb.bit_length()
+    per_draw = 8 * (steps + 3 + block // sub + sub + 3) + 4
+    return 8 * n + 8 * nb * (3 + block // sub) + 8 * 4 * nb + 12 * nb + draws * per_draw
 
 
 def _graph_us(fn) -> str:
