@@ -20,6 +20,13 @@ TURN = ("Turn {turn}:\nState:\n{state}\nYou have {left} actions left. \n"
         "Always output: <answer> [your answer] </answer> with no extra text. Strictly follow this format.\n"
         "Max response length: {max_words} words (tokens).\nDecide the next action:\n")
 REWARD = "Reward:\n{reward}\n"
+# The FrozenLake prompts of the authors' replay configs (examples/replay_buffer/*.yaml of their
+# code), which differ from ROLL's agentic examples above; "Forbid the whole" is verbatim.
+REPLAY_SYSTEM = "You are an agent solving the FrozenLake puzzle. Output must be wrapped as <answer>Action</answer>."
+REPLAY_TURN = ("Current turn: {turn}\nGrid state:\n{state}\nActions left: {left}\n"
+               "Respond with one action token only, within {max_words} tokens.\n")
+REPLAY_REWARD = "Feedback: Your previous action received reward {reward}. Revise your plan if needed."
+PROMPTS = ("roll", "replay")  # env.prompts: ROLL's agentic examples | the authors' replay configs (FrozenLake)
 
 
 def fmt_reward(r: float) -> str:
@@ -27,19 +34,22 @@ def fmt_reward(r: float) -> str:
     return f"{round(r, 6):g}"
 
 
-def turn_text(turn: int, state: str, left: int, max_words: int) -> str:
-    return TURN.format(turn=turn, state=state, left=left, max_words=max_words)
+def turn_text(turn: int, state: str, left: int, max_words: int, prompts: str = "roll") -> str:
+    return (TURN if prompts == "roll" else REPLAY_TURN).format(turn=turn, state=state, left=left, max_words=max_words)
 
 
-def game_opening(instruction: str, state: str, left: int, max_words: int) -> list[dict]:
+def game_opening(instruction: str, state: str, left: int, max_words: int, prompts: str = "roll") -> list[dict]:
     """The system message and the first user message of a game episode."""
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": instruction + turn_text(0, state, left, max_words)}]
+    return [{"role": "system", "content": SYSTEM if prompts == "roll" else REPLAY_SYSTEM},
+            {"role": "user", "content": instruction + turn_text(0, state, left, max_words, prompts)}]
 
 
-def game_feedback(reward: float, turn: int, state: str, left: int, max_words: int) -> str:
-    """The user message after a game turn: the reward of the last action, then the next turn."""
-    return REWARD.format(reward=fmt_reward(reward)) + turn_text(turn, state, left, max_words)
+def game_feedback(reward: float, turn: int, state: str, left: int, max_words: int, prompts: str = "roll") -> str:
+    """The user message after a game turn: the reward of the last action, then the next turn.
+    The replay configs' reward prints as Python prints a float (0.0, 1.0), with no line break."""
+    if prompts == "roll":
+        return REWARD.format(reward=fmt_reward(reward)) + turn_text(turn, state, left, max_words)
+    return REPLAY_REWARD.format(reward=repr(float(reward))) + turn_text(turn, state, left, max_words, prompts)
 
 
 class Episode:

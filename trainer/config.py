@@ -38,6 +38,8 @@ class EnvConfig:
     name: str = opt("frozenlake", "frozenlake | sokoban | math")
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
+    prompts: str = opt("roll", "game wording: roll (ROLL's agentic examples) | replay (the authors' replay configs; "
+                               "FrozenLake only)")
     size: int = opt(4, "grid side")
     boxes: int = opt(1, "sokoban: number of boxes")
     p_frozen: float = opt(0.8, "frozenlake: probability that a tile is ice")
@@ -172,6 +174,7 @@ def choices() -> dict[str, tuple]:
         "model.dtype": ("auto", "float32", "bfloat16"),
         "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
         "env.name": ENV_NAMES,
+        "env.prompts": ("roll", "replay"),
         "rollout.engine": ("hf", "vllm"),
         "algo.mode": ("on-policy", *MODES),
         "algo.advantage": ESTIMATORS,
@@ -225,7 +228,7 @@ PRESETS: dict[str, dict] = {
              "algo.replay_updates": 1, "algo.micro_batch": 4, "rollout.max_len": 640, "eval.every": 0,
              "eval.episodes": 2, "train.iterations": 2, "train.sft_steps": 2, "train.checkpoint_every": 1,
              "train.progress": False, "train.threads": 1},
-    "qwen2.5-0.5b-frozenlake": {**_PAPER_GPU, "algo.tau": 1000.0},
+    "qwen2.5-0.5b-frozenlake": {**_PAPER_GPU, "algo.tau": 1000.0, "env.prompts": "replay"},
     "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
     "qwen2.5-0.5b-sokoban-hard": {**_PAPER_GPU, **_SOKOBAN_HARD},
     # Math. CPU: a + b with one-digit operands, scored by the same verifier as real data; the
@@ -442,6 +445,9 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
         raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
+    if cfg.env.prompts != "roll" and cfg.env.name != "frozenlake":
+        raise ValueError(f"env.prompts={cfg.env.prompts!r} exists for FrozenLake only (the authors publish replay "
+                         f"prompts for it alone), got env.name={cfg.env.name!r}")
     if cfg.env.data and cfg.env.name != "math":
         raise ValueError(f"env.data is for env.name=math, got env.name={cfg.env.name!r}")
     if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:

@@ -38,7 +38,8 @@ def env_kwargs(cfg: Config) -> dict:
         return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
-    kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else {"p": e.p_frozen})
+    kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else
+              {"p": e.p_frozen, "prompts": e.prompts})
     return kw
 
 
@@ -65,6 +66,8 @@ def tiny_model_dir(cfg: Config) -> Path:
             "data": cfg.env.data, "hidden": cfg.model.tiny_hidden,
             "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed,
             "max_words": cfg.rollout.max_new_tokens, "v": 3}
+    if cfg.env.prompts != "roll":  # the tokenizer is trained on the env's own wording
+        spec["prompts"] = cfg.env.prompts
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return cache_dir() / "models" / f"tiny-qwen2-{cfg.env.name}-{digest}"
 

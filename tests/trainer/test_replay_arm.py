@@ -99,3 +99,31 @@ def test_reading_a_config_imports_no_environment_or_model_library():
     from freshper.trainer.envs import ENVS
 
     assert set(config.ENV_NAMES) == set(ENVS)
+
+
+def test_frozenlake_replay_prompts_are_the_authors_replay_configs():
+    from freshper.trainer.envs import make_env
+
+    env = make_env("frozenlake", prompts="replay")
+    state = env.reset(3)
+    sys_msg, user = env.opening(state, 128)
+    assert sys_msg["content"] == ("You are an agent solving the FrozenLake puzzle. Output must be wrapped as "
+                                  "<answer>Action</answer>.")
+    assert user["content"].startswith("You are solving the FrozenLake puzzle. Forbid the whole and go to the target.")
+    assert user["content"].endswith(f"Current turn: 0\nGrid state:\n{state}\nActions left: 10\n"
+                                    "Respond with one action token only, within 128 tokens.\n")
+    r = env.step("<answer>Left</answer>")
+    fb = env.feedback(r, 128)
+    assert fb.startswith(f"Feedback: Your previous action received reward {float(r.reward)!r}. Revise your plan if "
+                         "needed.Current turn: 1\nGrid state:\n")
+    with pytest.raises(ValueError, match="prompts must be one of"):
+        make_env("sokoban", prompts="replay")
+    with pytest.raises(ValueError, match="FrozenLake only"):
+        config.load("sokoban-simple", None, {"env.prompts": "replay"})
+    assert config.load("qwen2.5-0.5b-frozenlake").env.prompts == "replay"
+
+
+def test_a_tiny_run_with_the_replay_prompts(tmp_path):
+    cfg = config.load("tiny", None, {"env.prompts": "replay", "train.iterations": 1})
+    rows = Trainer(cfg, tmp_path / "rp").run()
+    assert rows[0]["gen_tokens"] > 0

@@ -47,6 +47,7 @@ INVALID = {
     "algo.insert_priority": "min",
     "algo.replay_unit": "episode",
     "algo.lr_horizon": "forever",
+    "env.prompts": "chatml",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",
     "algo.lr_schedule": "linear",

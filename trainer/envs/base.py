@@ -54,9 +54,14 @@ class TextEnv:
     actions: tuple[str, ...] = ()
     instruction = ""  # rules, symbol legend and action list: the first user message
 
-    def __init__(self, max_turns: int, format_penalty: float = -0.15):
+    prompt_sets = ("roll",)  # the prompt wordings this environment has (chat.PROMPTS)
+
+    def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll"):
         if max_turns <= 0:
             raise ValueError(f"max_turns must be > 0, got {max_turns}")
+        if prompts not in self.prompt_sets:
+            raise ValueError(f"prompts must be one of {self.prompt_sets} for {self.name}, got {prompts!r}")
+        self.prompts = prompts
         self.max_turns = max_turns
         self.format_penalty = format_penalty
         self.turn = 0
@@ -74,11 +79,12 @@ class TextEnv:
 
     def opening(self, state: str, max_words: int) -> list[dict]:
         """The messages before the first reply."""
-        return game_opening(self.instruction, state, self.max_turns - self.turn, max_words)
+        return game_opening(self.instruction, state, self.max_turns - self.turn, max_words, self.prompts)
 
     def feedback(self, result: "StepResult", max_words: int) -> str:
         """The user message after a turn that did not end the episode."""
-        return game_feedback(result.reward, self.turn, result.observation, self.max_turns - self.turn, max_words)
+        return game_feedback(result.reward, self.turn, result.observation, self.max_turns - self.turn, max_words,
+                             self.prompts)
 
     def random_reply(self, rng: random.Random) -> str:
         """A well-formed reply with a uniformly random action (format-only warm start, tokenizer corpus)."""

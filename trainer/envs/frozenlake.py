@@ -56,8 +56,11 @@ class FrozenLake(TextEnv):
                    "unintended direction due to the slippery ice. The answer must be one of action in a turn, format "
                    "is <answer>Right</answer>" + legend(SYMBOLS, ACTIONS))
 
-    def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8):
-        super().__init__(max_turns, format_penalty)
+    prompt_sets = ("roll", "replay")
+
+    def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
+                 prompts: str = "roll"):
+        super().__init__(max_turns, format_penalty, prompts)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
         self.size, self.p = size, p

@@ -157,8 +157,8 @@ class Sokoban(TextEnv):
                    "format is <answer>Right</answer>" + legend(SYMBOLS, ("Up", "Down", "Left", "Right")))
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
-                 search_depth: int = 300):
-        super().__init__(max_turns, format_penalty)
+                 search_depth: int = 300, prompts: str = "roll"):
+        super().__init__(max_turns, format_penalty, prompts)
         self.size, self.n_boxes, self.search_depth = size, boxes, search_depth
         self.floor, self.targets, self.boxes, self.player = set(), frozenset(), set(), (0, 0)
 
