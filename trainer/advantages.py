@@ -17,24 +17,36 @@ import torch
 ESTIMATORS = ("reinforce", "reinforce++", "grpo")
 
 
-def _group_normalise(r: torch.Tensor, group: torch.Tensor, eps: float) -> torch.Tensor:
+def _group_normalise(r: torch.Tensor, group: torch.Tensor, eps: float, std: str = "population") -> torch.Tensor:
     _, inv = torch.unique(group, return_inverse=True)
     n = torch.zeros(int(inv.max()) + 1, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
     mean = torch.zeros_like(n).index_add_(0, inv, r) / n
-    var = torch.zeros_like(n).index_add_(0, inv, (r - mean[inv]) ** 2) / n
-    return (r - mean[inv]) / (var[inv].sqrt() + eps)
+    ss = torch.zeros_like(n).index_add_(0, inv, (r - mean[inv]) ** 2)
+    if std == "population":
+        return (r - mean[inv]) / ((ss / n)[inv].sqrt() + eps)
+    # the paper's code: torch's std (n - 1), and zeros for a group of one or of equal returns
+    sd = (ss / (n - 1).clamp_min(1)).sqrt()
+    flat = (n < 2) | (sd <= 1e-6)
+    return torch.where(flat[inv], torch.zeros_like(r), (r - mean[inv]) / (sd[inv] + eps))
 
 
-def advantages(kind: str, reward: torch.Tensor, group: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+GROUP_STDS = ("population", "sample")
+
+
+def advantages(kind: str, reward: torch.Tensor, group: torch.Tensor | None = None, eps: float = 1e-6,
+               std: str = "population") -> torch.Tensor:
     """(E,) float32 advantages from (E,) episode returns; `group` (E,) int64 ids for the group
-    estimators (a singleton group gets 0)."""
+    estimators (a singleton group gets 0). std: the group's standard deviation over n
+    ("population") or n - 1 with zeros for flat groups ("sample", the paper's code)."""
+    if std not in GROUP_STDS:
+        raise ValueError(f"std must be one of {GROUP_STDS}, got {std!r}")
     r = reward.float()
     if kind == "reinforce++":
         return (r - r.mean()) / (r.std(unbiased=False) + eps)
     if kind in ("reinforce", "grpo"):
         if group is None:
             raise ValueError(f"{kind} advantages need group=(E,) group ids")
-        return _group_normalise(r, group.to(r.device), eps)
+        return _group_normalise(r, group.to(r.device), eps, std)
     raise ValueError(f"advantage must be one of {ESTIMATORS}, got {kind!r}")
 
 

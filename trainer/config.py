@@ -79,6 +79,9 @@ class EvalConfig:
 class AlgoConfig:
     mode: str = opt("freshper", "on-policy | per | freshper | uniform (replay without priorities)")
     advantage: str = opt("reinforce", "reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo")
+    group_std: str = opt("population", "group normaliser's std: population (over n) | sample (n - 1 and zeros "
+                                       "for flat groups: the paper's code; with whitening the two differ only in "
+                                       "replay batches whose groups differ in size)")
     whiten: bool = opt(True, "whiten advantages over the batch's response tokens (the paper's code)")
     adv_clip: float = opt(0.2, "clip advantages to [-adv_clip, adv_clip] after whitening (0: off)")
     replay_advantage: str = opt("recompute", "recompute (within each replay batch, the paper's code) | stored")
@@ -168,7 +171,7 @@ def choices() -> dict[str, tuple]:
     from freshper.kernels.policy_loss import AGGREGATIONS
     from freshper.priorities import BASE_PRIORITIES, MODES
 
-    from .advantages import ESTIMATORS
+    from .advantages import ESTIMATORS, GROUP_STDS
 
     return {
         "model.dtype": ("auto", "float32", "bfloat16"),
@@ -178,6 +181,7 @@ def choices() -> dict[str, tuple]:
         "rollout.engine": ("hf", "vllm"),
         "algo.mode": ("on-policy", *MODES),
         "algo.advantage": ESTIMATORS,
+        "algo.group_std": GROUP_STDS,
         "algo.replay_advantage": ("recompute", "stored"),
         "algo.replay_unit": ("trajectory", "group"),
         "algo.insert_priority": INSERT_PRIORITIES,

@@ -161,7 +161,7 @@ class Trainer:
 
     def _advantages(self, score, group, mask):
         a = self.cfg.algo
-        adv = advantages(a.advantage, score, group)
+        adv = advantages(a.advantage, score, group, std=a.group_std)
         return adv, shape(adv, mask, a.whiten, a.adv_clip)
 
     def iteration_step(self) -> dict:

@@ -42,3 +42,18 @@ def test_shape_whitens_over_response_tokens_and_clips():
     assert (w[~mask] == 0).all()
     c = shape(adv, mask, whiten=True, clip=0.2)
     assert float(c.abs().max()) == pytest.approx(0.2) and torch.equal(c.sign(), w.sign())
+
+
+def test_sample_std_is_the_papers_normaliser():
+    """The paper's code: (x - mean) / (torch.std(x) + 1e-6) with n - 1, zeros for a group of one
+    or of equal returns."""
+    r = torch.tensor([1.0, 0.0, 0.0, 3.0, 2.0, 2.0, 4.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    a = advantages("reinforce", r, g, std="sample")
+    x = r[:4]
+    torch.testing.assert_close(a[:4], (x - x.mean()) / (x.std() + 1e-6), rtol=1e-6, atol=0)
+    assert a[4:].abs().max() == 0
+    pop = advantages("reinforce", r, g)
+    torch.testing.assert_close(a[:4] / pop[:4], torch.full((4,), (3 / 4) ** 0.5), rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="std"):
+        advantages("reinforce", r, g, std="n-1")

@@ -129,3 +129,23 @@ def test_registry():
     assert set(ENVS) == {"frozenlake", "sokoban", "math"}
     with pytest.raises(ValueError, match="frozenlake"):
         make_env("chess")
+
+
+def test_reverse_play_scores_a_player_on_a_target_zero_as_the_papers_code():
+    """The paper's code scores a search state only when every target cell is empty, so a player
+    standing on a target scores 0; before this, such states could be picked as the level."""
+    import random
+
+    from freshper.trainer.envs.sokoban import generate, reverse_play, topology
+
+    picked_on_target = 0
+    for seed in range(60):  # 8x8 with two boxes: the earlier rule picked such a state 13 times in 200
+        rng = random.Random(seed)
+        floor = topology(8, 8, rng)
+        player, *targets = rng.sample(sorted(floor), 3)
+        score, pos, boxes = reverse_play(floor, tuple(targets), player, 300)
+        if score > 0:
+            picked_on_target += pos in targets
+            assert not set(boxes) & set(targets)
+    assert picked_on_target == 0
+    assert generate(6, 6, 1, random.Random(0)) is not None

@@ -48,6 +48,7 @@ INVALID = {
     "algo.replay_unit": "episode",
     "algo.lr_horizon": "forever",
     "env.prompts": "chatml",
+    "algo.group_std": "unbiased",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",
     "algo.lr_schedule": "linear",

@@ -8,7 +8,10 @@ Level generation, per seed:
 3. Reverse play: a depth-first search (depth `search_depth`, at most 300,000 states) over moves
    in which the player may pull a box it walks away from. Each state scores
    (number of times the pulled box changed) x (sum of Manhattan distances of boxes from their
-   targets), and 0 unless every target is uncovered; the best-scoring state is the level.
+   targets), and 0 unless every target is uncovered, by boxes and by the player (the paper's
+   code counts empty target cells); the best-scoring state is the level. States are told apart
+   as the paper's code hashes its room grid: by the player, the boxes and which boxes have been
+   pulled at least once (a pulled box is written with another cell value there).
 4. Up to 4 topologies are tried for a positive score; then the player takes 1-3 random steps
    (with probability 0.8 when the displacement is 1, else 0.5) so it does not always stand
    next to a box.
@@ -55,17 +58,17 @@ def reverse_play(floor, targets, player, search_depth: int):
     start_boxes = tuple(targets)  # box k starts on target k
     best = (-1, player, start_boxes)
     seen = set()
-    stack = [(player, start_boxes, 0, -1, search_depth)]
+    stack = [(player, start_boxes, 0, -1, search_depth, 0)]
     while stack and len(seen) < _MAX_STATES:
-        pos, boxes, swaps, last, ttl = stack.pop()
+        pos, boxes, swaps, last, ttl, pulled_ever = stack.pop()
         ttl -= 1
         if ttl <= 0:
             continue
-        key = (pos, frozenset(boxes))
+        key = (pos, frozenset((b, bool(pulled_ever >> k & 1)) for k, b in enumerate(boxes)))
         if key in seen:
             continue
         seen.add(key)
-        uncovered = not any(b in targets for b in boxes)
+        uncovered = pos not in targets and not any(b in targets for b in boxes)
         score = swaps * sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets)) if uncovered else 0
         if score > best[0]:
             best = (score, pos, boxes)
@@ -75,12 +78,12 @@ def reverse_play(floor, targets, player, search_depth: int):
             if nxt not in floor or nxt in boxes:
                 continue
             behind = (pos[0] - dr, pos[1] - dc)
-            nb, pulled = boxes, last
+            nb, pulled, ever = boxes, last, pulled_ever
             if behind in boxes:  # walking away from a box pulls it along
                 k = boxes.index(behind)
                 nb = boxes[:k] + (pos,) + boxes[k + 1:]
-                pulled = k
-            children.append((nxt, nb, swaps + (pulled != last), pulled, ttl))
+                pulled, ever = k, pulled_ever | 1 << k
+            children.append((nxt, nb, swaps + (pulled != last), pulled, ttl, ever))
         stack.extend(reversed(children))  # the first move is explored first
     return best
 
