@@ -16,26 +16,6 @@ from pathlib import Path
 from . import config as C
 
 
-def parse_overrides(rest: list[str]) -> dict:
-    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}."""
-    out, i = {}, 0
-    while i < len(rest):
-        arg = rest[i]
-        if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}; overrides look like --section.field value")
-        key = arg[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(rest):
-                raise ValueError(f"--{key} needs a value")
-            value = rest[i + 1]
-            i += 2
-        out[key] = value
-    return out
-
-
 def _fields_help() -> str:
     lines = ["config fields (--section.field VALUE; a unique field name may drop its section):"]
     for key, (typ, default, help_) in C.field_table().items():
@@ -90,7 +70,7 @@ def holds_run(run_dir: Path) -> bool:
 def build_config(args, rest) -> tuple[C.Config, Path, bool]:
     """(config, run dir, resume?) from the parsed train/profile arguments; every check that can
     fail is made here, before anything is built or written."""
-    overrides = parse_overrides(rest)
+    overrides = C.parse_overrides(rest)
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():

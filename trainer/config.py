@@ -313,6 +313,26 @@ def apply(cfg: Config, overrides: dict) -> Config:
     return cfg
 
 
+def parse_overrides(rest: list[str]) -> dict:
+    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}."""
+    out, i = {}, 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}; overrides look like --section.field value")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(rest):
+                raise ValueError(f"--{key} needs a value")
+            value = rest[i + 1]
+            i += 2
+        out[key] = value
+    return out
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():

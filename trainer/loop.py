@@ -25,7 +25,7 @@ from . import checkpoint as ckpt
 from .advantages import advantages, shape
 from .config import Config, buffer_insert, to_yaml
 from .drift import DriftTau
-from .engines.base import Sampling, make_engine
+from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
 from .metrics import MetricsLog, plot

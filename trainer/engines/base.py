@@ -49,15 +49,3 @@ class Engine(ABC):
 
     def wake(self) -> None:
         """Undo `sleep` before the next rollout."""
-
-
-def make_engine(kind: str, model, tokenizer, cfg, device) -> Engine:
-    if kind == "hf":
-        from .hf import HFEngine
-
-        return HFEngine(model, tokenizer)
-    if kind == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(model, tokenizer, cfg, device)
-    raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {kind!r}")
