@@ -16,12 +16,16 @@ from pathlib import Path
 from . import config as C
 
 
-def _fields_help() -> str:
-    lines = ["config fields (--section.field VALUE; a unique field name may drop its section):"]
+def _fields_help(preset: str) -> str:
+    """Every field with the value `freshper train --preset PRESET` runs with (the dataclass
+    default where the preset leaves it)."""
+    lines = [f"config fields (--section.field VALUE; a unique field name may drop its section); defaults as "
+             f"--preset {preset} sets them:"]
+    values = C.flatten(C.apply(C.Config(), C.PRESETS[preset]).to_dict()) if preset in C.PRESETS else {}
     for key, (typ, default, help_) in C.field_table().items():
         allowed = C.choices().get(key)
         choices = f" {{{', '.join(allowed)}}}" if allowed else ""
-        lines.append(f"  --{key:<30} {typ.__name__:<5} default {default!r}{choices}: {help_}")
+        lines.append(f"  --{key:<30} {typ.__name__:<5} default {values.get(key, default)!r}{choices}: {help_}")
     lines.append(f"presets: {', '.join(C.PRESETS)}")
     return "\n".join(lines)
 
@@ -101,17 +105,23 @@ def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool):
         raise
 
 
-def _train_parser(prog: str) -> argparse.ArgumentParser:
+DEFAULT_PRESET = "math-cpu"
+
+
+def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=DEFAULT_PRESET)
+    preset = pre.parse_known_args(list(argv))[0].preset
     p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=_fields_help())
-    p.add_argument("--preset", default="math-cpu", help=f"one of: {', '.join(C.PRESETS)}")
+                                epilog=_fields_help(preset))
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(C.PRESETS)}")
     p.add_argument("--config", help="a YAML file of {section: {field: value}}")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     return p
 
 
 def cmd_train(argv) -> int:
-    p = _train_parser("freshper train")
+    p = _train_parser("freshper train", argv)
     args, rest = p.parse_known_args(argv)
     try:
         cfg, run_dir, resume = build_config(args, rest)
@@ -119,10 +129,13 @@ def cmd_train(argv) -> int:
         p.error(str(e))
     new_dir = not run_dir.exists()  # decided before logging creates the folder
     with logging_to(run_dir):
-        trainer = start(cfg, run_dir, resume, new_dir)
+        try:
+            trainer = start(cfg, run_dir, resume, new_dir)
+        except KeyboardInterrupt:
+            print("freshper train: interrupted before training started", file=sys.stderr)
+            return 130
         trainer.run()
-        logging.getLogger("freshper").info("run folder: %s", run_dir)
-    return 0
+    return 130 if trainer.interrupted else 0
 
 
 def cmd_profile(argv) -> int:
@@ -133,7 +146,7 @@ def cmd_profile(argv) -> int:
 
     from freshper.profiling import nsight
 
-    p = _train_parser("freshper profile")
+    p = _train_parser("freshper profile", argv)
     p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
     args, rest = p.parse_known_args(argv)

@@ -278,8 +278,18 @@ def resolve_key(key: str, table: dict | None = None) -> str:
     matches = [k for k in table if k.split(".", 1)[1] == key]
     if len(matches) == 1:
         return matches[0]
-    hint = f"ambiguous, one of {matches}" if matches else f"valid keys: {', '.join(sorted(table))}"
-    raise ValueError(f"unknown config key {key!r} ({hint})")
+    if matches:
+        raise ValueError(f"config key {key!r} is ambiguous: one of {', '.join(matches)}")
+    import difflib
+
+    names = {k.split(".", 1)[1]: k for k in table}
+    near = difflib.get_close_matches(key, list(table), n=2, cutoff=0.85)
+    near += [names[n] for n in difflib.get_close_matches(key, list(names), n=2, cutoff=0.75) if names[n] not in near]
+    hint = f"did you mean {' or '.join(near[:2])}?" if near else "freshper train --help lists every key"
+    raise ValueError(f"unknown config key {key!r}; {hint}")
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
 def _convert(key: str, typ, value):
@@ -292,11 +302,11 @@ def _convert(key: str, typ, value):
         try:
             return typ(value)
         except ValueError:
-            raise ValueError(f"{key} must be a {typ.__name__}, got {value!r}") from None
+            raise ValueError(f"{key} must be {_TYPE_WORDS[typ]}, got {value!r}") from None
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ValueError(f"{key} must be a {typ.__name__}, got {value!r}")
+        raise ValueError(f"{key} must be {_TYPE_WORDS[typ]}, got {value!r}")
     return value
 
 
@@ -349,7 +359,16 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
         raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     cfg = apply(Config(), PRESETS[preset])
     if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        path = Path(config_file)
+        if not path.is_file():
+            raise ValueError(f"--config {config_file}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            raise ValueError(f"--config {config_file} is not valid YAML{at}: "
+                             f"{getattr(e, 'problem', None) or type(e).__name__}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{config_file} must hold a mapping of sections to fields")
         apply(cfg, flatten(data))

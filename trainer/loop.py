@@ -118,6 +118,9 @@ class Trainer:
             log.info("resumed from %s (iteration %d, %d env steps)", path, self.iteration, self.env_steps)
         else:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            if cfg.train.sft_steps:
+                log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
+                         "not the task) ...", cfg.train.sft_steps)
             self.sft_losses = self.policy.warm_start(self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
                                                      cfg.train.seed, r.max_new_tokens, r.max_len)
             if self.sft_losses:
@@ -296,7 +299,10 @@ class Trainer:
     def run(self, iterations: int | None = None, on_iteration=None) -> list[dict]:
         """Train until `train.iterations` (or the env-step budget, or `iterations` more); returns this
         call's metrics rows. `on_iteration(i)` may return a context manager wrapped around iteration i
-        (the profiler uses it)."""
+        (the profiler uses it). SIGINT or SIGTERM finishes the iteration in progress, writes a
+        checkpoint and returns (a second SIGINT aborts at once); `self.interrupted` says so."""
+        import time
+
         cfg = self.cfg
         end = cfg.train.iterations if iterations is None else min(cfg.train.iterations, self.iteration + iterations)
         bar = None
@@ -305,31 +311,106 @@ class Trainer:
 
             bar = tqdm(total=cfg.train.iterations, initial=self.iteration, desc=self.run_dir.name, dynamic_ncols=True)
         rows = []
-        while self.iteration < end:
-            if cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget:
-                log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
-                break
-            ctx = on_iteration(self.iteration) if on_iteration else nullcontext()
-            with ctx:
-                row = self.iteration_step()
-            self.metrics.write(row)
-            rows.append(row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}",
-                                env_steps=row["env_steps"])
-            else:
-                log.info("iter %d  env_steps %d  reward %.3f  success %.2f  loss %.4f", row["iteration"],
-                         row["env_steps"], row["reward"], row["success"], row["loss"])
-            if self.iteration % cfg.train.checkpoint_every == 0:
-                self.save_checkpoint()
+        every = max(1, (end - self.iteration) // 20)  # about twenty progress lines per run in train.log
+        t0 = time.perf_counter()
+        self.interrupted = False
+        with _stop_on_signals(self):
+            while self.iteration < end and not self.interrupted:
+                if cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget:
+                    log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
+                    break
+                ctx = on_iteration(self.iteration) if on_iteration else nullcontext()
+                with ctx:
+                    row = self.iteration_step()
+                self.metrics.write(row)
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}",
+                                    env_steps=row["env_steps"])
+                if bar is None or row["iteration"] % every == 0 or "eval_success" in row:
+                    log.info("%s", progress_line(row))
+                if self.iteration % cfg.train.checkpoint_every == 0:
+                    self.save_checkpoint()
         if bar is not None:
             bar.close()
         if rows and self.iteration % cfg.train.checkpoint_every:  # the end, if not just saved
             self.save_checkpoint()
         try:
             png = plot(self.run_dir)
-            log.info("learning curve: %s", png)
         except ValueError:
-            pass
+            png = None
+        if self.interrupted:
+            log.info("interrupted at iteration %d; resume with: freshper train --resume %s", self.iteration,
+                     self.run_dir)
+        elif rows:
+            log.info("%s", summary(rows, self.iteration, self.env_steps, time.perf_counter() - t0, self.run_dir, png,
+                                   cfg.eval.episodes * cfg.eval.samples))
         return rows
+
+
+def progress_line(row: dict) -> str:
+    """One line of a run's progress for train.log."""
+    line = (f"iter {row['iteration']}  env_steps {row['env_steps']}  reward {row['reward']:.3f}  "
+            f"success {row['success']:.3f}  loss {row['loss']:.4f}")
+    if "replay_singleton_frac" in row:
+        line += f"  replay age {row['replay_age_mean']:.1f}  singletons {row['replay_singleton_frac']:.2f}"
+    for key in ("eval_success", "final_eval_success"):
+        if key in row:
+            line += f"  {key} {row[key]:.3f}"
+    return line
+
+
+def _interval(p: float, n: int) -> float:
+    """Half-width of the 95% normal interval of a success rate p over n episodes."""
+    return 1.96 * (p * (1 - p) / max(n, 1)) ** 0.5
+
+
+def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, run_dir: Path, png, n_eval: int) -> str:
+    """The closing lines of a run: what was trained, the final and best validation, where things are."""
+    lines = [f"done: {iterations} iterations, {env_steps} env steps, {seconds / 60:.1f} min wall"]
+    evals = [(r["iteration"], r["eval_success"]) for r in rows if "eval_success" in r]
+    final = rows[-1].get("final_eval_success")
+    if final is not None:
+        lines.append(f"final eval success {final:.3f} ± {_interval(final, n_eval):.3f} (95%, {n_eval} episodes)")
+    if evals:
+        it, best = max(evals, key=lambda e: e[1])
+        lines.append(f"best eval success {best:.3f} ± {_interval(best, n_eval):.3f} (before iteration {it})")
+    lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
+    return "\n  ".join(lines)
+
+
+class _stop_on_signals:
+    """While training: the first SIGINT or SIGTERM asks the loop to stop after the iteration in
+    progress (the state stays consistent, so the checkpoint resumes exactly); a second SIGINT
+    raises KeyboardInterrupt. Only in the main thread, where Python delivers signals."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.saved = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+
+        if self.trainer.interrupted and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.trainer.interrupted = True
+        log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C again to abort without one)",
+                    signal.Signals(signum).name, self.trainer.iteration)
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        return False

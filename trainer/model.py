@@ -80,6 +80,7 @@ def build_tiny(cfg: Config) -> Path:
     path = tiny_model_dir(cfg)
     if (path / "config.json").exists():
         return path
+    log.info("building the tiny model and training its tokenizer offline (first use; cached in %s)", path.parent)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

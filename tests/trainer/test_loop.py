@@ -86,9 +86,9 @@ def test_cli_train_and_resume(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--preset", "nope"], "presets: frozenlake"),
-    (["--algo.nope", "1"], "valid keys"),
+    (["--algo.nope", "1"], "unknown config key 'algo.nope'"),
     (["--algo.mode", "sometimes"], "algo.mode must be one of"),
-    (["--algo.tau", "abc"], "algo.tau must be a float"),
+    (["--algo.tau", "abc"], "algo.tau must be a number"),
     (["--rollout.episodes", "5"], "multiple of rollout.group_size"),
     (["--tau"], "needs a value"),
     (["--resume", "/nonexistent"], "no config.yaml"),

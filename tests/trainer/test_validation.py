@@ -158,3 +158,35 @@ def test_failed_start_removes_the_half_made_folder(tmp_path, capsys):
               "--train.name", "x"])
     assert not (tmp_path / "runs" / "x").exists()
     assert "removed the half-made run folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--algo.tua", "5"], "unknown config key 'algo.tua'; did you mean algo.tau?"),
+    (["--rollout.tempreature", "1"], "did you mean rollout.temperature?"),
+    (["--algo.capacity", "x"], "algo.capacity must be an integer, got 'x'"),
+    (["--config", "/nonexistent/run.yaml"], "--config /nonexistent/run.yaml: no such file"),
+])
+def test_one_line_errors(argv, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--train.run_dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_yaml_with_an_indentation_error_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  tau: 5\n mode: per\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(bad), "--train.run_dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"freshper train: error: --config {bad} is not valid YAML at line 3")
+
+
+def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
+    for argv, want in ((["--help"], ("'math'", "200")), (["--preset", "frozenlake", "--help"], ("'frozenlake'", "80"))):
+        with pytest.raises(SystemExit):
+            main(["train", *argv])
+        out = capsys.readouterr().out
+        env_line = next(line for line in out.splitlines() if line.strip().startswith("--env.name"))
+        iters = next(line for line in out.splitlines() if line.strip().startswith("--train.iterations"))
+        assert f"default {want[0]}" in env_line and f"default {want[1]}" in iters
