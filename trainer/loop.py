@@ -29,6 +29,9 @@ from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
 from .metrics import MetricsLog, plot
+from .trackers import Trackers
+from .trackers import check_installed as check_trackers
+from .trackers import parse as parse_trackers
 from .model import env_kwargs, load_policy, pick_device
 from .policy import Policy
 from .rollout import rollout
@@ -80,6 +83,8 @@ def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.tracker_names = parse_trackers(cfg.train.log_to)
+        check_trackers(self.tracker_names)  # a missing extra stops the start, before a model is built
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -132,6 +137,7 @@ class Trainer:
                                        insert=self.insert)
         self.engine = make_engine(r.engine, self.model, self.tok, cfg, self.device)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
+        self.resumed = resume
 
     def _check_resumed_buffer(self) -> None:
         """--resume with buffer settings other than the checkpoint's is an error naming them."""
@@ -314,7 +320,8 @@ class Trainer:
         every = max(1, (end - self.iteration) // 20)  # about twenty progress lines per run in train.log
         t0 = time.perf_counter()
         self.interrupted = False
-        with _stop_on_signals(self):
+        self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
+        with _stop_on_signals(self), _closing(self.trackers):
             while self.iteration < end and not self.interrupted:
                 if cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget:
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
@@ -323,6 +330,7 @@ class Trainer:
                 with ctx:
                     row = self.iteration_step()
                 self.metrics.write(row)
+                self.trackers.write(row)
                 rows.append(row)
                 if bar is not None:
                     bar.update(1)
@@ -378,6 +386,20 @@ def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, r
         lines.append(f"best eval success {best:.3f} ± {_interval(best, n_eval):.3f} (before iteration {it})")
     lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
     return "\n  ".join(lines)
+
+
+class _closing:
+    """Close the trackers however the loop ends (flushes TensorBoard, finishes the W&B run)."""
+
+    def __init__(self, trackers):
+        self.trackers = trackers
+
+    def __enter__(self):
+        return self.trackers
+
+    def __exit__(self, *exc):
+        self.trackers.close()
+        return False
 
 
 class _stop_on_signals:

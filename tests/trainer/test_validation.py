@@ -90,6 +90,7 @@ INVALID = {
     "train.threads": "-1",
     "train.deterministic": "mostly",
     "train.progress": "often",
+    "train.log_to": "mlflow",
 }
 
 
