@@ -29,12 +29,12 @@ from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
 from .metrics import MetricsLog, plot
-from .trackers import Trackers
-from .trackers import check_installed as check_trackers
-from .trackers import parse as parse_trackers
 from .model import env_kwargs, load_policy, pick_device
 from .policy import Policy
 from .rollout import rollout
+from .trackers import Trackers
+from .trackers import check_installed as check_trackers
+from .trackers import parse as parse_trackers
 
 log = logging.getLogger("freshper")
 
