@@ -5,6 +5,8 @@
     freshper profile [train arguments] --iterations S:E
     freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
     freshper chance --preset frozenlake [--episodes 1000]    (the random-reply policy's score)
+    freshper export RUN_DIR [--iteration N] OUT              (a checkpoint as a Hugging Face folder)
+    freshper eval RUN_DIR|MODEL_DIR [--preset P] [--episodes N] [--samples k]   (the validation rollout alone)
 """
 from __future__ import annotations
 
@@ -203,8 +205,71 @@ def cmd_chance(argv) -> int:
     return chance_main(argv)
 
 
+def cmd_export(argv) -> int:
+    p = argparse.ArgumentParser(prog="freshper export", description="a run's checkpoint as a Hugging Face folder "
+                                "(config.json, safetensors, tokenizer, chat template)")
+    p.add_argument("run_dir")
+    p.add_argument("out")
+    p.add_argument("--iteration", type=int, help="checkpoint iteration (default: the latest)")
+    args = p.parse_args(argv)
+    from .checkpoint import CheckpointError
+    from .export import export
+
+    try:
+        print(export(args.run_dir, args.out, args.iteration))
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        p.error(str(e))
+    return 0
+
+
+def cmd_eval(argv) -> int:
+    """The validation rollout of a run's checkpoint or of a model folder, with 95% intervals."""
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="freshper eval", description=cmd_eval.__doc__)
+    p.add_argument("target", help="a run folder (its latest checkpoint, or --iteration N) or a Hugging Face model "
+                                  "folder (config.json)")
+    p.add_argument("--preset", help=f"the task (default: the run's own config; for a model folder {DEFAULT_PRESET})")
+    p.add_argument("--iteration", type=int, help="a run's checkpoint (default: the latest)")
+    p.add_argument("--episodes", type=int, help="validation states (default: the config's eval.episodes)")
+    p.add_argument("--samples", type=int, help="replies per state, k of avg@k and pass@k")
+    args, rest = p.parse_known_args(argv)
+    target = Path(args.target)
+    is_run = (target / "checkpoints").is_dir() and (target / "config.yaml").exists()
+    if not is_run and not (target / "config.json").exists():
+        p.error(f"{target} is neither a run folder (checkpoints/, config.yaml) nor a model folder (config.json)")
+    from .export import export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            model = export(target, Path(tmp) / "model", args.iteration) if is_run else target
+            over = C.parse_overrides(rest)
+            over.update({"model.path": str(model), "algo.mode": "on-policy", "train.sft_steps": 0,
+                         "train.progress": False, "train.run_dir": tmp, "train.name": "eval", "train.log_to": ""})
+            if args.episodes:
+                over["eval.episodes"] = args.episodes
+            if args.samples:
+                over["eval.samples"] = args.samples
+            config_file = str(target / "config.yaml") if is_run and not args.preset else None
+            cfg = C.load(args.preset or ("frozenlake" if config_file else DEFAULT_PRESET), config_file, over)
+        except ValueError as e:
+            p.error(str(e))
+        from .loop import Trainer
+
+        ev = Trainer(cfg, Path(tmp) / "eval").evaluate()
+    e = cfg.eval
+    print(f"{target}: {e.episodes} validation states x {e.samples} replies at temperature {e.temperature}")
+    print(f"  eval_success (avg@{e.samples})  {ev['eval_success']:.3f} ± {ev['eval_success_ci95']:.3f} (95%)")
+    print(f"  eval_score            {ev['eval_score']:.3f} ± {ev['eval_score_ci95']:.3f} (95%)")
+    n = e.episodes
+    pk = ev["eval_pass_at_k"]
+    print(f"  eval_pass_at_{e.samples}       {pk:.3f} ± {1.96 * (pk * (1 - pk) / n) ** 0.5:.3f} (95%)")
+    print(f"  valid answers {ev['eval_valid_action']:.3f}, context ended {ev['eval_context_ended']:.3f}")
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "plot": cmd_plot, "profile": cmd_profile, "compare": cmd_compare,
-            "chance": cmd_chance}
+            "chance": cmd_chance, "export": cmd_export, "eval": cmd_eval}
 
 
 def main(argv=None) -> int:

@@ -289,7 +289,11 @@ class Trainer:
                          r.max_len, Sampling(e.temperature, r.top_p, r.top_k))
             self.engine.sleep()
         solved = ep.success.view(e.episodes, e.samples)
+        per_state = solved.double().mean(1)  # the states are the independent units of the interval
+        half = lambda x: float(1.96 * x.std() / x.numel() ** 0.5) if x.numel() > 1 else float("nan")  # noqa: E731
         return {"eval_success": float(ep.success.float().mean()), "eval_score": float(ep.reward.mean()),
+                "eval_success_ci95": half(per_state), "eval_score_ci95": half(ep.reward.view(e.episodes, -1)
+                                                                              .double().mean(1)),
                 "eval_pass_at_k": float(solved.any(1).float().mean()),
                 "eval_valid_action": float(ep.valid_frac.mean()),
                 "eval_context_ended": float(ep.context_ended.float().mean())}
@@ -348,6 +352,12 @@ class Trainer:
             png = plot(self.run_dir)
         except ValueError:
             png = None
+        if rows and not self.interrupted and (self.iteration >= cfg.train.iterations or (
+                cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget)):
+            from .export import save_hf
+
+            final = save_hf(self.model, self.tok, self.run_dir / "final")
+            log.info("trained policy as a Hugging Face folder: %s", final)
         if self.interrupted:
             log.info("interrupted at iteration %d; resume with: freshper train --resume %s", self.iteration,
                      self.run_dir)
