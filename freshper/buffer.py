@@ -407,17 +407,26 @@ class ReplayBuffer:
         self._expire_boost(step)
 
         u = torch.rand(batch_size, generator=self._gen, dtype=torch.float64, device=self.device)
+        idx, probs, weights = self._draw(u, beta)
+        return self._batch(idx, weights, probs, step, beta)
+
+    def _draw(self, u: torch.Tensor, beta: float):
+        """(slots, P(i), IS weights) of the draws whose targets are (j + u_j) / B of the live mass,
+        j = 0..B-1; u_j outside [0, 1) is allowed (freshper.distributed places its strata so)."""
         if self.sampler == "tree":
-            idx = torch.empty(batch_size, dtype=torch.int64)
-            probs = torch.empty(batch_size, dtype=torch.float64)
-            weights = torch.empty(batch_size, dtype=torch.float64)
+            n = u.numel()
+            idx = torch.empty(n, dtype=torch.int64)
+            probs = torch.empty(n, dtype=torch.float64)
+            weights = torch.empty(n, dtype=torch.float64)
             t = self._tree
             _sumtree().sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
-                                 weights.numpy())
-        elif self.sampler == "triton":
-            idx, probs, weights = _fused().sample_triton(self._keys, u, beta, check_live=False)  # size > 0 above
-        else:
-            idx, probs, weights = _fused().sample_reference(self._keys, u, beta, check_live=False)
+                                    weights.numpy())
+            return idx, probs, weights
+        if self.sampler == "triton":
+            return _fused().sample_triton(self._keys, u, beta, check_live=False)  # callers know size > 0
+        return _fused().sample_reference(self._keys, u, beta, check_live=False)
+
+    def _batch(self, idx, weights, probs, step: int, beta: float) -> SampleBatch:
         birth = self._birth[idx]
         fields = {name: t[idx] for name, t in self._fields.items()}
         return SampleBatch(idx, weights, probs, birth, step - birth, beta, fields)

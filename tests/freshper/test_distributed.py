@@ -1,0 +1,91 @@
+"""The sharded buffer's draw equals one buffer's: 2 gloo ranks on CPU, each holding the
+trajectories it "generated", sampled with DistributedSampler, against a single buffer that holds
+them all (chi-square on the pooled frequencies; probabilities and IS weights equal)."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from scipy.stats import chisquare
+
+from freshper import ReplayBuffer
+from freshper.distributed import DistributedSampler
+
+N_TRAJ, CALLS, BATCH = 40, 300, 64
+
+
+def trajectories():
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(N_TRAJ, generator=g, dtype=torch.float64) * 2
+
+
+def fill(buf, ids_for_step):
+    p = trajectories()
+    for step in range(4):
+        ids = torch.tensor(ids_for_step(step), dtype=torch.long)
+        if ids.numel():
+            buf.add(p[ids], step=step, gid=ids)
+        else:
+            buf.probabilities(step=step)
+
+
+def _worker(rank, world, port, out, sampler):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        buf = ReplayBuffer(64, mode="freshper", tau=5.0, beta=0.6, sampler=sampler, seed=rank)
+        # rank 0 collected 3 of every 10 trajectories, rank 1 the rest: unequal shards
+        fill(buf, lambda s: [i for i in range(s * 10, s * 10 + 10) if (i % 10 < 3) == (rank == 0)])
+        ds = DistributedSampler(buf, seed=123)
+        counts = torch.zeros(N_TRAJ, dtype=torch.float64)
+        probs = torch.zeros(N_TRAJ, dtype=torch.float64)
+        weights = torch.zeros(N_TRAJ, dtype=torch.float64)
+        rows = []
+        for _ in range(CALLS):
+            b = ds.sample(BATCH, step=4)
+            assert int(b.counts.sum()) == BATCH and len(b) == int(b.counts[rank])
+            rows.append(len(b))
+            counts += torch.bincount(b.gid, minlength=N_TRAJ).double()
+            probs[b.gid] = b.probs
+            weights[b.gid] = b.weights
+        torch.save({"counts": counts, "probs": probs, "weights": weights, "rows": rows}, f"{out}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sampler", ["tree", "scan"])
+def test_two_ranks_sample_the_single_buffer_distribution(tmp_path, sampler):
+    mp.spawn(_worker, args=(2, _port(), str(tmp_path), sampler), nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    single = ReplayBuffer(64, mode="freshper", tau=5.0, beta=0.6, sampler=sampler)
+    fill(single, lambda s: list(range(s * 10, s * 10 + 10)))
+    p_all = single.probabilities(step=4)
+    gid = single._fields["gid"]
+    want = torch.zeros(N_TRAJ, dtype=torch.float64)
+    want[gid[single._live]] = p_all[single._live]
+    counts = parts[0]["counts"] + parts[1]["counts"]
+    assert counts.sum() == CALLS * BATCH
+    assert chisquare(counts.numpy(), (want * counts.sum()).numpy()).pvalue > 1e-3
+    assert (parts[0]["counts"][[i for i in range(N_TRAJ) if i % 10 >= 3]] == 0).all(), "rank 0 drew only its own"
+    seen = counts > 0
+    got_p = parts[0]["probs"] + parts[1]["probs"]
+    torch.testing.assert_close(got_p[seen], want[seen], rtol=1e-10, atol=0)
+    got_w = parts[0]["weights"] + parts[1]["weights"]
+    torch.testing.assert_close(got_w[seen], (want[seen] / want.min()) ** -0.6, rtol=1e-10, atol=0)
+    # the rows split as the masses do: rank 0 holds 3/10 of the trajectories and about that of the mass
+    share = sum(parts[0]["rows"]) / (CALLS * BATCH)
+    assert abs(share - float(want[[i for i in range(N_TRAJ) if i % 10 < 3]].sum())) < 0.01
+
+
+def test_needs_an_initialised_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedSampler(ReplayBuffer(8))
