@@ -122,9 +122,23 @@ def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
     return p
 
 
+def single_process_only(p) -> None:
+    """The trainer is one process: under torchrun with several ranks every rank would train its
+    own copy into the same run folder. Refuse that (the sharded buffer, freshper.distributed,
+    is the library part that exists for several ranks)."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        p.error(f"WORLD_SIZE={world}: freshper train runs as one process; under torchrun each of the {world} ranks "
+                f"would train an independent copy into one run folder. Run it without torchrun (several GPUs: "
+                f"not supported by the trainer yet; freshper.distributed.DistributedSampler is the buffer part).")
+
+
 def cmd_train(argv) -> int:
     p = _train_parser("freshper train", argv)
     args, rest = p.parse_known_args(argv)
+    single_process_only(p)
     try:
         cfg, run_dir, resume = build_config(args, rest)
     except ValueError as e:
@@ -152,6 +166,7 @@ def cmd_profile(argv) -> int:
     p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
     args, rest = p.parse_known_args(argv)
+    single_process_only(p)
     try:
         first, last = nsight.parse_window(args.iterations)
         cfg, run_dir, resume = build_config(args, rest)

@@ -191,3 +191,11 @@ def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
         env_line = next(line for line in out.splitlines() if line.strip().startswith("--env.name"))
         iters = next(line for line in out.splitlines() if line.strip().startswith("--train.iterations"))
         assert f"default {want[0]}" in env_line and f"default {want[1]}" in iters
+
+
+def test_torchrun_with_several_ranks_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs")])
+    assert e.value.code == 2 and "WORLD_SIZE=2" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
