@@ -171,7 +171,14 @@ def plot(path: Path, by_label: dict[str, list], summary: dict, budget: int, swee
         if ax[key].get_legend_handles_labels()[0]:
             ax[key].legend(fontsize=8)
     for key in ("kl", "ages"):
+        # the age bins' own ticks (0 drawn at 0.5, then 1, 2, 4, ...): plain numbers, no minor
+        # labels, which matplotlib adds (and overlaps) when the ages span less than a decade
         ax[key].set_xscale("log")
+        lo, hi = ax[key].get_xlim()
+        ticks = [0.5] + [2.0 ** i for i in range(0, 12) if 2.0 ** i <= max(hi, 1.0)]
+        ax[key].set_xticks(ticks, ["0"] + [f"{t:g}" for t in ticks[1:]])
+        ax[key].minorticks_off()
+        ax[key].set_xlim(lo, hi)
     fig.suptitle(path.parent.name, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
