@@ -35,7 +35,7 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = opt("frozenlake", "frozenlake | sokoban | math")
+    name: str = opt("frozenlake", "frozenlake | sokoban | math | search")
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
     prompts: str = opt("roll", "game wording: roll (ROLL's agentic examples) | replay (the authors' replay configs; "
@@ -49,6 +49,10 @@ class EnvConfig:
     question_key: str = opt("problem", "math: column of the question")
     answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
     digits: int = opt(2, "math without data: digits of each operand of a + b")
+    corpus: str = opt("", "search: jsonl of {id, title, text} passages (BM25 index cached beside it); empty: a "
+                          "knowledge base generated offline")
+    top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
+    max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)")
 
 
 @dataclass
@@ -161,7 +165,7 @@ class Config:
 
 # The registered environments (trainer/envs registers them; a test holds the two equal). Spelled
 # out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
-ENV_NAMES = ("frozenlake", "sokoban", "math")
+ENV_NAMES = ("frozenlake", "sokoban", "math", "search")
 INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
 
 
@@ -249,6 +253,13 @@ PRESETS: dict[str, dict] = {
                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
                  "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
                  "algo.adv_clip": 0.0, "algo.lr": 3e-4, "algo.lr_schedule": "constant"},
+    # Search agents on CPU: questions about an invented knowledge base (answers exist only in its
+    # passages), BM25 search, at most 5 searches and 10 turns as the paper's code sets them.
+    "search-cpu": {"env.name": "search", "env.max_turns": 10, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
+                   "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64, "algo.capacity": 16384,
+                   "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,
+                   "train.iterations": 150, "algo.tau": 200.0, "algo.adv_clip": 0.0, "algo.lr": 3e-4,
+                   "algo.lr_schedule": "constant"},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
                              "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
@@ -413,6 +424,9 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.question_key": (lambda v: v.strip() != "", "a column name"),
     "env.answer_key": (lambda v: v.strip() != "", "a column name"),
     "env.digits": (lambda v: 1 <= v <= 9, "in [1, 9]"),
+    "env.corpus": (lambda v: v == "" or Path(v).expanduser().is_file(), "empty or an existing jsonl file"),
+    "env.top_k": (lambda v: 1 <= v <= 100, "in [1, 100]"),
+    "env.max_searches": (lambda v: 0 <= v <= 100, "in [0, 100]"),
     "rollout.episodes": (lambda v: v > 0, "> 0"),
     "rollout.group_size": (lambda v: v > 0, "> 0"),
     "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),
@@ -495,8 +509,10 @@ def validate(cfg: Config) -> None:
     if cfg.env.prompts != "roll" and cfg.env.name != "frozenlake":
         raise ValueError(f"env.prompts={cfg.env.prompts!r} exists for FrozenLake only (the authors publish replay "
                          f"prompts for it alone), got env.name={cfg.env.name!r}")
-    if cfg.env.data and cfg.env.name != "math":
-        raise ValueError(f"env.data is for env.name=math, got env.name={cfg.env.name!r}")
+    if cfg.env.data and cfg.env.name not in ("math", "search"):
+        raise ValueError(f"env.data is for env.name=math or search, got env.name={cfg.env.name!r}")
+    if cfg.env.name == "search" and cfg.env.data and not cfg.env.corpus:
+        raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
     if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
         raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
                          f"room: at most {(cfg.env.size - 2) ** 2 // 4}")

@@ -226,7 +226,7 @@ class Trainer:
             "gen_tokens": ep.gen_tokens, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             "engine_trainer_logp_maxdiff": float(mismatch), "weight_sync_s": sync_s,
-            "buffer_size": len(self.buffer) if self.buffer is not None else 0, **replay, **ev,
+            "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
 
@@ -296,7 +296,8 @@ class Trainer:
                                                                               .double().mean(1)),
                 "eval_pass_at_k": float(solved.any(1).float().mean()),
                 "eval_valid_action": float(ep.valid_frac.mean()),
-                "eval_context_ended": float(ep.context_ended.float().mean())}
+                "eval_context_ended": float(ep.context_ended.float().mean()),
+                **{f"eval_{k}": v for k, v in ep.extra.items()}}
 
     # ---------------------------------------------------------------------------------- run
     def save_checkpoint(self) -> Path:

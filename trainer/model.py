@@ -24,6 +24,7 @@ from .envs import make_env
 
 log = logging.getLogger("freshper")
 SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>", "<answer>", "</answer>"]
+SEARCH_SPECIALS = ["<search>", "</search>", "<information>", "</information>"]  # single tokens for search
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -37,6 +38,10 @@ def env_kwargs(cfg: Config) -> dict:
     if e.name == "math":
         return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits}
+    if e.name == "search":
+        return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
+                "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
+                "max_searches": e.max_searches}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
     kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else
               {"p": e.p_frozen, "prompts": e.prompts})
@@ -58,6 +63,9 @@ def corpus(cfg: Config, n_states: int = 300) -> list[str]:
         if not r.done:
             texts.append(env.feedback(r, w))
     texts += [env.random_reply(rng) for _ in range(200)]
+    retriever = getattr(env, "retriever", None)  # search: the passages the model will read
+    if retriever is not None:
+        texts += [f"{p['title']} {p['text']}" for p in retriever.passages[:5000]]
     return texts
 
 
@@ -85,11 +93,12 @@ def build_tiny(cfg: Config) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=cfg.model.tiny_vocab, special_tokens=SPECIALS,
+    specials = SPECIALS + (SEARCH_SPECIALS if cfg.env.name == "search" else [])
+    trainer = trainers.BpeTrainer(vocab_size=cfg.model.tiny_vocab, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(cfg), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
-                                   additional_special_tokens=["<|im_start|>", "<answer>", "</answer>"])
+                                   additional_special_tokens=specials[2:])
     fast.chat_template = CHAT_TEMPLATE
     hidden = cfg.model.tiny_hidden
     mcfg = Qwen2Config(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
@@ -161,9 +170,11 @@ def load_policy(cfg: Config, device: torch.device):
 
 
 def stop_token_ids(tok) -> list[int]:
-    """Tokens that end a response: EOS and, where it is a single token, '</answer>'."""
+    """Tokens that end a response: EOS and, where each is a single token, '</answer>' and
+    '</search>' (a search agent's turn ends at its query, as Search-R1 stops generation there)."""
     ids = [tok.eos_token_id]
-    close = tok.convert_tokens_to_ids("</answer>")
-    if isinstance(close, int) and close != tok.unk_token_id and close is not None:
-        ids.append(close)
+    for closing in ("</answer>", "</search>"):
+        close = tok.convert_tokens_to_ids(closing)
+        if isinstance(close, int) and close != tok.unk_token_id and close is not None:
+            ids.append(close)
     return [i for i in ids if i is not None]

@@ -10,7 +10,7 @@ state (seed), for GRPO.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,7 @@ class Episodes:
     context_ended: torch.Tensor  # (E,) bool, ended because the context was full
     env_steps: int  # env.step calls in this batch
     gen_tokens: int  # assistant tokens generated
+    extra: dict = field(default_factory=dict)  # env-specific per-episode means (env.metrics(), e.g. searches)
 
     @property
     def score(self) -> torch.Tensor:
@@ -88,8 +89,10 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         mask[i, :n] = torch.tensor(ep.mask)
         elogp[i, :n] = torch.tensor(ep.logp)
     turns = torch.tensor([env.turn for env in envs], dtype=torch.long)
+    per_env = [env.metrics() for env in envs if hasattr(env, "metrics")]
+    extra = {k: sum(m[k] for m in per_env) / len(per_env) for k in per_env[0]} if per_env else {}
     return Episodes(tokens, mask, elogp, turns,
                     torch.tensor([env.total_reward for env in envs], dtype=torch.float32),
                     torch.tensor([env.total_penalty for env in envs], dtype=torch.float32),
                     torch.tensor([env.solved() for env in envs], dtype=torch.bool),
-                    valid / turns.clamp_min(1), torch.arange(E) // group_size, ended, steps, gen_tokens)
+                    valid / turns.clamp_min(1), torch.arange(E) // group_size, ended, steps, gen_tokens, extra)

@@ -2,6 +2,7 @@
 from .base import ENVS, StepResult, TextEnv, make_env, parse_action
 from .frozenlake import FrozenLake
 from .math import Math
+from .search import Search
 from .sokoban import Sokoban
 
-__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "Math", "Sokoban"]
+__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "Math", "Search", "Sokoban"]

@@ -1,0 +1,149 @@
+"""Search agents: answer checks, the BM25 retriever and its corpus errors, the episode rules, the
+loss mask over retrieved passages, Search-R1 data, and a tiny training run."""
+import json
+
+import pytest
+import torch
+
+from freshper.trainer import config
+from freshper.trainer.chance import chance
+from freshper.trainer.envs.search import (
+    MAX_QUERY_CHARS,
+    Retriever,
+    Search,
+    exact_match,
+    f1,
+    format_results,
+    generated_kb,
+    read_corpus,
+)
+
+
+@pytest.mark.parametrize("pred,golds,em,f", [
+    ("The Eiffel Tower!", ["eiffel tower"], 1.0, 1.0),
+    ("an apple", "Apple", 1.0, 1.0),
+    ("Paris, France", ["paris", "France"], 0.0, 2 / 3),
+    ("", ["x"], 0.0, 0.0),
+    ("theater", ["the ater"], 0.0, 0.0),  # articles go as whole words only
+    (None, ["none"], 1.0, 1.0),
+    ("x", [], 0.0, 0.0),
+    ("x", 5, 0.0, 0.0),
+    (object(), ["x"], 0.0, 0.0),
+])
+def test_exact_match_and_f1_never_raise(pred, golds, em, f):
+    assert exact_match(pred, golds) == em
+    assert f1(pred, golds) == pytest.approx(f, abs=1e-9)
+
+
+def test_f1_partial_credit():
+    assert f1("capital Quelmont", ["Quelmont"]) == pytest.approx(2 / 3)
+    assert f1("Quelmont", ["the Quelmont"]) == 1.0
+
+
+def corpus_file(tmp_path, rows):
+    p = tmp_path / "corpus.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def test_retriever_finds_the_entity_and_caches_its_index(tmp_path):
+    passages, train, _ = generated_kb(0)
+    p = corpus_file(tmp_path, passages)
+    r = Retriever.from_jsonl(p)
+    q, gold = train[5]
+    hits = r.search([q])[0]
+    assert hits and any(gold in h["text"] for h in hits)
+    assert len(list(tmp_path.glob("corpus.jsonl.bm25s-*"))) == 1, "the index is cached beside the corpus"
+    again = Retriever.from_jsonl(p)
+    assert [h["id"] for h in again.search([q])[0]] == [h["id"] for h in hits]
+    assert r.search(["the a an"])[0] == [], "a query of stop words finds nothing, and says so"
+    assert format_results([]) == "<information>No results found.</information>"
+    assert r.search(["x" * 10 * MAX_QUERY_CHARS])[0] is not None  # a very long query is cut, not an error
+
+
+@pytest.mark.parametrize("text,needle", [("", "holds no passages"), ("{bad json\n", "line 1 is not JSON"),
+                                         ('{"id": 1, "title": "t"}\n', "line 1 needs a 'text' field")])
+def test_malformed_corpora_are_named(tmp_path, text, needle):
+    p = tmp_path / "c.jsonl"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        read_corpus(p)
+    with pytest.raises(ValueError, match="is not a file"):
+        read_corpus(tmp_path / "missing.jsonl")
+
+
+def test_episode_rules():
+    env = Search()
+    env.reset(7)
+    gold = env.golds[0]
+    r = env.step("<think>look it up</think><search>" + env.question + "</search>")
+    assert r.valid and not r.done and r.observation.startswith("<information>") and gold in r.observation
+    r = env.step("<search>unclosed tag")
+    assert not r.valid and r.penalty == env.format_penalty and not r.done
+    r = env.step(f"<answer> the {gold.lower()} </answer>")
+    assert r.done and r.success and r.reward == 1.0 and env.metrics() == {"searches": 1.0, "answer_f1": 1.0}
+    env = Search(max_searches=2)
+    env.reset(7)
+    for _ in range(2):
+        assert not env.step("<search>x y</search>").done
+    r = env.step("<search>x y</search>")
+    assert r.done and r.reward == 0.0 and not r.success, "a search past the limit ends the episode unanswered"
+    env = Search(max_turns=2)
+    env.reset(1)
+    env.step("no tags")
+    assert env.step("still none").done
+
+
+def test_validation_asks_about_entities_training_never_asks_about():
+    env = Search()
+    train_q = {env.reset(s) for s in range(300)}
+    eval_q = {env.reset(2**31 + s) for s in range(60)}
+    assert not train_q & eval_q
+    ent = lambda q: q.rstrip("?").split()[-1]  # noqa: E731
+    assert not {ent(q) for q in train_q} & {ent(q) for q in eval_q}
+
+
+def test_search_r1_data_and_corpus(tmp_path):
+    import pandas as pd
+
+    passages = [{"id": "1", "title": "Zorv", "text": "Zorv's capital is Quel."},
+                {"id": "2", "title": "Mab", "text": "Mab's capital is Dorn."}]
+    corpus = corpus_file(tmp_path, passages)
+    data = tmp_path / "train.parquet"
+    pd.DataFrame({"question": ["capital of zorv?", "capital of mab?"],
+                  "golden_answers": [["Quel", "Quell"], ["Dorn"]]}).to_parquet(data)
+    env = Search(data=str(data), corpus=str(corpus), question_key="question", answer_key="golden_answers")
+    env.reset(0)
+    assert env.question in ("capital of zorv?", "capital of mab?") and env.golds in (["Quel", "Quell"], ["Dorn"])
+    with pytest.raises(ValueError, match="needs env.corpus"):
+        Search(data=str(data))
+    with pytest.raises(ValueError, match="needs env.corpus"):
+        config.load("search-cpu", None, {"env.data": str(data)})
+
+
+def test_chance_and_a_tiny_training_run(tmp_path):
+    from freshper.trainer.loop import Trainer
+    from freshper.trainer.model import stop_token_ids
+
+    over = {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 512, "rollout.episodes": 8,
+            "rollout.group_size": 4, "algo.replay_batch": 8, "train.iterations": 2, "train.sft_steps": 2,
+            "eval.every": 0, "env.max_turns": 3, "train.progress": False, "train.threads": 1}
+    cfg = config.load("search-cpu", None, over)
+    c = chance(cfg, 64)
+    assert 0.0 <= c["success"] < 0.2
+    tr = Trainer(cfg, tmp_path / "s")
+    assert tr.tok.convert_tokens_to_ids("</search>") in stop_token_ids(tr.tok)
+    rows = tr.run()
+    assert all("searches" in r and "answer_f1" in r for r in rows)
+    # retrieved passages are context: they are in the episodes, never under the loss mask
+    from freshper.trainer.chat import Episode
+
+    env = tr._new_env()
+    env.reset(3)
+    ep = Episode(tr.tok, env.opening("", 16))
+    reply = tr.tok("<search>" + env.question + "</search>", add_special_tokens=False)["input_ids"]
+    r = env.step(ep.add_reply(reply, []))
+    assert ep.add_user(env.feedback(r, 16))
+    text_in_loss = tr.tok.decode([t for t, m in zip(ep.ids, ep.mask) if m])
+    assert "Doc 1(Title:" in tr.tok.decode(ep.ids) and "Doc 1" not in text_in_loss and "information" not in text_in_loss
+    assert torch.isfinite(torch.tensor([r["loss"] for r in rows])).all()

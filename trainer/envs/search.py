@@ -1,0 +1,318 @@
+"""Search agents (Search-R1 style): the model may write <search>query</search>, the environment
+answers with <information> and the top-k passages of a local BM25 index, and <answer>...</answer>
+ends the episode with exact match against the gold answers as the reward.
+
+Limits and formats as the paper's code sets them for NQ search (its nq_search env config): at most
+10 turns and 5 searches (a sixth search ends the episode unanswered), top-3 passages printed as
+"Doc i(Title: t) text", the outcome reward only (1 for an exact match, else 0). A turn with
+neither a closed <search> nor a closed <answer> (an unclosed tag included) is invalid: the
+format penalty, and the same question stands. <think>...</think> may precede either. Retrieved
+passages arrive as a user message, so they are context and never loss (the loss mask covers the
+assistant's tokens only). The paper's code repeats the system prompt and the question in every
+observation; here the episode is one chat, which holds them already.
+
+Answers are compared after the standard SQuAD / NQ normalisation: lower case, punctuation and the
+articles a / an / the removed, white space collapsed (the paper's code removes articles only
+between spaces). `exact_match` and `f1` never raise.
+
+Data:
+- `data` empty: a knowledge base generated from the seed (invented countries, people and rivers
+  with their facts, so an answer exists only in the corpus, and distractor passages about
+  look-alike entities) and questions about it; validation asks about entities training never
+  asks about. What a tiny model can learn here: to search with the question's entity and copy
+  the answer from the passages.
+- `data` a local file in Search-R1's parquet format (`question`, `golden_answers`) or any columns
+  named by question_key / answer_key (a list of answers or one), with `corpus` a jsonl of
+  {id, title, text} passages; the BM25 index is built once and cached next to the corpus.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import re
+import string
+from collections import Counter
+from pathlib import Path
+
+from .base import EVAL_SEED_BASE, StepResult, TextEnv, register
+
+MAX_TURNS, MAX_SEARCHES, TOP_K = 10, 5, 3  # the paper's code's nq_search defaults
+MAX_QUERY_CHARS = 300  # a longer query is cut before retrieval (defined behaviour, not an error)
+MAX_PASSAGE_WORDS = 60  # each retrieved passage, in words: bounds the growth of the context
+SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+INSTRUCTION = ("Answer the question. You may search a knowledge base by writing <search> query </search>; the "
+               "top results come back between <information> and </information>. Search as often as you need, then "
+               "give the final answer as <answer> answer </answer>, a few words.\n")
+
+
+# ------------------------------------------------------------------------------ answer checks
+def normalize(text: str) -> str:
+    """SQuAD / NQ answer normalisation."""
+    text = str(text).lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def _golds(golds) -> list[str]:
+    if isinstance(golds, str):
+        return [golds]
+    try:
+        return [str(g) for g in golds]
+    except TypeError:
+        return [str(golds)]
+
+
+def exact_match(prediction, golds) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer, else 0.0; never raises."""
+    try:
+        p = normalize(prediction)
+        return float(any(p == normalize(g) for g in _golds(golds)))
+    except Exception:
+        return 0.0
+
+
+def f1(prediction, golds) -> float:
+    """The best token-level F1 of the normalised prediction against any gold answer; never raises."""
+    try:
+        p = normalize(prediction).split()
+        best = 0.0
+        for g in _golds(golds):
+            t = normalize(g).split()
+            common = sum((Counter(p) & Counter(t)).values())
+            if common:
+                prec, rec = common / len(p), common / len(t)
+                best = max(best, 2 * prec * rec / (prec + rec))
+            elif not p and not t:
+                best = max(best, 1.0)
+        return best
+    except Exception:
+        return 0.0
+
+
+# ------------------------------------------------------------------------------- the corpus
+def read_corpus(path) -> list[dict]:
+    """Passages {id, title, text} from a jsonl file; ValueError naming the file and line."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"env.corpus: {path} is not a file (a jsonl of {{id, title, text}} passages)")
+    out = []
+    with p.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"env.corpus: {path} line {n} is not JSON ({e.msg})") from None
+            if not isinstance(row, dict) or "text" not in row:
+                raise ValueError(f"env.corpus: {path} line {n} needs a 'text' field (and 'id', 'title')")
+            out.append({"id": str(row.get("id", n)), "title": str(row.get("title", "")), "text": str(row["text"])})
+    if not out:
+        raise ValueError(f"env.corpus: {path} holds no passages")
+    return out
+
+
+class Retriever:
+    """BM25 (bm25s) over passages; `search(queries, k)` -> per query the top-k passages."""
+
+    def __init__(self, passages: list[dict], index_dir: Path | None = None):
+        import bm25s
+
+        if not passages:
+            raise ValueError("the corpus holds no passages")
+        self.passages = passages
+        texts = [f"{p['title']} {p['text']}" for p in passages]
+        if index_dir is not None and (index_dir / "params.index.json").exists():
+            self.bm25 = bm25s.BM25.load(str(index_dir))
+        else:
+            self.bm25 = bm25s.BM25()
+            self.bm25.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+            if index_dir is not None:
+                self.bm25.save(str(index_dir))
+
+    @classmethod
+    def from_jsonl(cls, path) -> "Retriever":
+        """The index is cached beside the corpus, keyed by the file's size and modification time."""
+        p = Path(path).expanduser()
+        passages = read_corpus(p)
+        stat = p.stat()
+        key = hashlib.sha1(f"{stat.st_size}-{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+        return cls(passages, p.with_name(f"{p.name}.bm25s-{key}"))
+
+    def search(self, queries: list[str], k: int = TOP_K) -> list[list[dict]]:
+        import bm25s
+
+        k = min(k, len(self.passages))
+        qs = [q[:MAX_QUERY_CHARS] for q in queries]
+        tokens = bm25s.tokenize(qs, stopwords="en", show_progress=False)
+        out = []
+        for row, q in enumerate(tokens.ids):
+            if not q:  # nothing searchable (stop words only): no results, as an empty search engine answer
+                out.append([])
+                continue
+            one = bm25s.tokenization.Tokenized(ids=[q], vocab=tokens.vocab)
+            docs, scores = self.bm25.retrieve(one, k=k, show_progress=False)
+            out.append([self.passages[int(i)] for i, s in zip(docs[0], scores[0]) if s > 0])
+        return out
+
+
+def format_results(passages: list[dict]) -> str:
+    """The <information> message: 'Doc i(Title: t) text' lines, as the paper's code prints them."""
+    if not passages:
+        return "<information>No results found.</information>"
+    lines = [f"Doc {i + 1}(Title: {p['title']}) {' '.join(p['text'].split()[:MAX_PASSAGE_WORDS])}"
+             for i, p in enumerate(passages)]
+    return "<information>" + "\n".join(lines) + "</information>"
+
+
+# ------------------------------------------------------------------- a generated knowledge base
+_SYL = ["ka", "lo", "mir", "ven", "do", "tar", "sel", "qua", "ri", "bon", "zu", "fel", "ga", "nor", "pi", "thi"]
+RELATIONS = {  # relation: (question, passage sentence)
+    "capital": ("What is the capital of {e}?", "The capital of {e} is {v}."),
+    "founder": ("Who founded {e}?", "{e} was founded by {v}."),
+    "river": ("Which river flows through {e}?", "The river {v} flows through {e}."),
+}
+
+
+def _name(rng: random.Random, parts: int) -> str:
+    return "".join(rng.choice(_SYL) for _ in range(parts)).capitalize()
+
+
+@functools.lru_cache(maxsize=4)
+def generated_kb(seed: int = 0, entities: int = 200) -> tuple[list[dict], list[tuple[str, str]], list[tuple[str, str]]]:
+    """(passages, training questions, held-out questions): `entities` invented places, each with a
+    capital, a founder and a river, one passage per fact plus a distractor passage per entity that
+    names it beside other values. Questions about the last fifth of the entities are held out."""
+    rng = random.Random(seed)
+    names: set[str] = set()
+    while len(names) < entities:
+        names.add(_name(rng, 3))
+    ents = sorted(names)
+    rng.shuffle(ents)
+    passages, questions = [], []
+    for e in ents:
+        facts = {}
+        for rel, (q, sentence) in RELATIONS.items():
+            v = _name(rng, 2)
+            facts[rel] = v
+            passages.append({"id": f"{e}-{rel}", "title": e, "text": sentence.format(e=e, v=v)})
+            questions.append((q.format(e=e), v))
+        other = rng.choice(ents)
+        passages.append({"id": f"{e}-note", "title": other, "text": f"Travellers compare {other} with {e}; "
+                         f"{_name(rng, 2)} and {_name(rng, 2)} are often confused with {facts['capital']}."})
+    cut = len(questions) * 4 // 5
+    return passages, questions[:cut], questions[cut:]
+
+
+@functools.lru_cache(maxsize=4)
+def _retriever(corpus: str, seed: int) -> Retriever:
+    if corpus:
+        return Retriever.from_jsonl(corpus)
+    return Retriever(generated_kb(seed)[0])
+
+
+@register
+class Search(TextEnv):
+    name = "search"
+    actions = ()
+    instruction = INSTRUCTION
+
+    def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
+                 eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",
+                 corpus: str = "", top_k: int = TOP_K, max_searches: int = MAX_SEARCHES, kb_seed: int = 0):
+        super().__init__(max_turns, format_penalty)
+        if top_k < 1 or max_searches < 0:
+            raise ValueError(f"top_k must be >= 1 and max_searches >= 0, got {top_k}, {max_searches}")
+        if data and not corpus:
+            raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
+        self.top_k, self.max_searches = top_k, max_searches
+        self.retriever = _retriever(corpus, kb_seed)
+        if data:
+            from .math import load_problems
+
+            self.train = load_problems(data, question_key, answer_key)
+            self.held_out = load_problems(eval_data, question_key, answer_key) if eval_data else self.train[-max(
+                1, len(self.train) // 10):]
+        else:
+            _, self.train, self.held_out = generated_kb(kb_seed)
+        self.question, self.golds = "", []
+        self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+
+    def _reset(self, seed: int) -> None:
+        rows = self.held_out if seed >= EVAL_SEED_BASE else self.train
+        base = EVAL_SEED_BASE if seed >= EVAL_SEED_BASE else 0
+        self.question, golds = rows[random.Random(seed - base).randrange(len(rows))]
+        self.golds = _parse_golds(golds)
+        self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+
+    def opening(self, state: str, max_words: int) -> list[dict]:
+        return [{"role": "user", "content": f"{INSTRUCTION}Question: {self.question}"}]
+
+    def random_reply(self, rng: random.Random) -> str:
+        """A well-formed random reply: a search for some words of the question, or an answer
+        copied from a random passage title or fact."""
+        words = self.question.rstrip("?").split() or ["?"]
+        if rng.random() < 0.5:
+            return f"<search>{' '.join(rng.sample(words, min(len(words), 2)))}</search>"
+        p = rng.choice(self.retriever.passages)
+        return f"<answer>{rng.choice(p['text'].rstrip('.').split())}</answer>"
+
+    def step(self, text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("search: step() after the episode ended; call reset()")
+        self.turn += 1
+        answer, query = ANSWER_TAG_RE.search(text), SEARCH_RE.search(text)
+        reward, penalty, valid = 0.0, 0.0, True
+        if answer is not None and (query is None or answer.start() < query.start()):
+            self.correct = exact_match(answer.group(1), self.golds) == 1.0
+            self.answer_f1 = f1(answer.group(1), self.golds)
+            reward, self.done = float(self.correct), True
+            obs = ""
+        elif query is not None:
+            if self.searches >= self.max_searches:  # the paper's code ends the episode, unanswered
+                self.done, obs = True, ""
+            else:
+                self.searches += 1
+                obs = format_results(self.retriever.search([query.group(1).strip()], self.top_k)[0])
+        else:
+            valid, penalty = False, self.format_penalty
+            obs = "Invalid reply: write <search> query </search> or <answer> answer </answer>."
+        if self.turn >= self.max_turns:
+            self.done = True
+        self.total_reward += reward
+        self.total_penalty += penalty
+        return StepResult(obs, reward, penalty, self.done, valid, self.correct, {"searches": self.searches})
+
+    def feedback(self, result: StepResult, max_words: int) -> str:
+        return result.observation
+
+    def metrics(self) -> dict:
+        """Per-episode figures beside success: searches made and the answer's F1."""
+        return {"searches": float(self.searches), "answer_f1": self.answer_f1}
+
+    def solved(self) -> bool:
+        return self.correct
+
+    def failed(self) -> bool:
+        return False
+
+    def render(self) -> str:
+        return self.question
+
+
+def _parse_golds(golds) -> list[str]:
+    """Gold answers from a data cell: a list, a numpy array, the text of a list, or one answer."""
+    if isinstance(golds, str) and golds.startswith("["):
+        import ast
+
+        try:
+            return _golds(ast.literal_eval(golds))
+        except (ValueError, SyntaxError):
+            pass
+    if hasattr(golds, "tolist"):
+        golds = golds.tolist()
+    return _golds(golds)
