@@ -141,6 +141,10 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "checkpoints kept on disk")
     sft_steps: int = opt(60, "warm-start: supervised steps on well-formed random actions (0: none)")
     sft_lr: float = opt(1e-3, "warm-start learning rate")
+    perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
+                                   "is at row r column c, ...) before the format warm start: reading, not playing; "
+                                   "cached per model and settings (0: none)")
+    perception_lr: float = opt(1e-3, "perception warm-start learning rate")
     env_step_budget: int = opt(0, "stop once this many env steps are spent (0: no budget)")
     threads: int = opt(0, "torch CPU threads (0: torch's default)")
     deterministic: bool = opt(False,
@@ -470,6 +474,8 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "train.keep_checkpoints": (lambda v: v > 0, "> 0"),
     "train.sft_steps": (lambda v: v >= 0, ">= 0"),
     "train.sft_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
+    "train.perception_steps": (lambda v: 0 <= v <= 100_000, "in [0, 100000]"),
+    "train.perception_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
     "train.env_step_budget": (lambda v: v >= 0, ">= 0 (0: no budget)"),
     "train.threads": (lambda v: 0 <= v <= 1024, "in [0, 1024] (0: torch's default)"),
     "train.log_to": (lambda v: all(s.strip() in ("tensorboard", "wandb") for s in v.split(",") if s.strip()),
@@ -506,6 +512,9 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
         raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
+    if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
+        raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
+                         f"env.name={cfg.env.name!r}")
     if cfg.env.prompts != "roll" and cfg.env.name != "frozenlake":
         raise ValueError(f"env.prompts={cfg.env.prompts!r} exists for FrozenLake only (the authors publish replay "
                          f"prompts for it alone), got env.name={cfg.env.name!r}")

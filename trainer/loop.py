@@ -123,6 +123,8 @@ class Trainer:
             log.info("resumed from %s (iteration %d, %d env steps)", path, self.iteration, self.env_steps)
         else:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            if cfg.train.perception_steps:
+                self._perception_warm_start()
             if cfg.train.sft_steps:
                 log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
                          "not the task) ...", cfg.train.sft_steps)
@@ -158,6 +160,23 @@ class Trainer:
         if diff:
             raise ValueError("--resume with replay-buffer settings that differ from the checkpoint's: "
                              + "; ".join(diff))
+
+    def _perception_warm_start(self) -> None:
+        """Reading the board before RL (trainer/perception.py): cached, measured on held-out states."""
+        import json
+
+        from . import perception
+
+        t = self.cfg.train
+        log.info("perception warm start: %d supervised steps on questions about game states (reading the board, "
+                 "not playing: no action, reward or outcome is shown) ...", t.perception_steps)
+        losses = perception.warm_start(self.model, self.tok, self._new_env, self.model_path, t.perception_steps,
+                                       t.perception_lr, t.seed)
+        acc = perception.probe_accuracy(self.model, self.tok, self._new_env)
+        log.info("perception: held-out probe accuracy %.3f%s", acc,
+                 f" (loss {losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "")
+        (self.run_dir / "perception.json").write_text(json.dumps({"steps": t.perception_steps,
+                                                                  "probe_accuracy": acc, "losses": losses}))
 
     def _new_env(self):
         return make_env(self.cfg.env.name, **env_kwargs(self.cfg))

@@ -91,6 +91,11 @@ INVALID = {
     "train.deterministic": "mostly",
     "train.progress": "often",
     "train.log_to": "mlflow",
+    "train.perception_steps": "-1",
+    "train.perception_lr": "2",
+    "env.corpus": "/nonexistent/corpus.jsonl",
+    "env.top_k": "0",
+    "env.max_searches": "-1",
 }
 
 

@@ -1,0 +1,147 @@
+"""A perception warm start for the game presets: supervised steps on questions about the game's
+own observations, so a tiny model starts able to read the board, as an instruct model does.
+
+The questions are about one state each and never show an action choice, a reward or an episode
+outcome: "Where is the player?" (row, column), "What is at row 2, column 3?", "What is left of the
+player?" (a symbol, or "edge"), and for Sokoban "How many boxes are not on a target?". Answers are
+computed from the rendered state. It teaches reading, not playing; the states come from seeds
+apart from training's and validation's, walked a few random steps so the player is not always at
+its start.
+
+The result is cached like the tiny model, keyed by the tiny model's folder and these settings, so
+every arm and seed of a comparison starts from identical weights (`cache_dir()/perception/`).
+`probe_accuracy` measures reading on held-out states (greedy answers).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+
+import torch
+
+from .chat import SYSTEM
+
+log = logging.getLogger("freshper")
+PLAYER = {"frozenlake": "PX√", "sokoban": "PS"}  # symbols that mark the player's cell
+SEED_BASE = 1_500_000_000  # probe states: seeds no training group (< 2^31 - 1, hashed) is likely to reuse
+HELD_OUT_BASE = 1_900_000_000
+DIRECTIONS = {"left of": (0, -1), "right of": (0, 1), "above": (-1, 0), "below": (1, 0)}
+
+
+def probes(env_name: str, grid: str, rng: random.Random) -> list[tuple[str, str]]:
+    """(question, answer) pairs about one rendered state; rows and columns count from 1."""
+    rows = grid.split("\n")
+    cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+    player = next((rc for rc, ch in cells.items() if ch in PLAYER[env_name]), None)
+    out = []
+    r, c = rng.choice(sorted(cells))
+    out.append((f"What is at row {r + 1}, column {c + 1}?", cells[(r, c)]))
+    if player is not None:
+        out.append(("Where is the player?", f"row {player[0] + 1}, column {player[1] + 1}"))
+        word = rng.choice(sorted(DIRECTIONS))
+        dr, dc = DIRECTIONS[word]
+        out.append((f"What is {word} the player?", cells.get((player[0] + dr, player[1] + dc), "edge")))
+    if env_name == "sokoban":
+        out.append(("How many boxes are not on a target?", str(grid.count("X"))))
+    return out
+
+
+def probe_chat(env, grid: str, question: str) -> list[dict]:
+    """The probe in the game's chat format: its system message, the rules, the state, a question."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{env.instruction}\nState:\n{grid}\nQuestion: {question}\n"
+                                        f"Answer inside <answer> </answer>."}]
+
+
+def _state(env, seed: int, rng: random.Random) -> str:
+    env.reset(seed)
+    for _ in range(rng.randrange(4)):  # a few random moves: the player is not always at its start
+        if env.done:
+            break
+        env.step(env.random_reply(rng))
+    return env.render()
+
+
+def examples(env, seed_base: int, n: int, rng: random.Random) -> list[tuple[list[dict], str]]:
+    out = []
+    while len(out) < n:
+        grid = _state(env, seed_base + len(out), rng)
+        for q, a in probes(env.name, grid, rng):
+            out.append((probe_chat(env, grid, q), a))
+    return out[:n]
+
+
+def cache_path(model_dir: str, steps: int, lr: float, seed: int) -> Path:
+    from .model import cache_dir
+
+    key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1}, sort_keys=True)
+    return cache_dir() / "perception" / (hashlib.sha1(key.encode()).hexdigest()[:12] + ".safetensors")
+
+
+def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed: int, batch: int = 32) -> list[float]:
+    """`steps` supervised steps on probe answers (cached); returns the losses ([] when loaded)."""
+    from safetensors.torch import load_model, save_model
+
+    path = cache_path(model_dir, steps, lr, seed)
+    if path.exists():
+        load_model(model, str(path), strict=False)
+        log.info("perception warm start: loaded %s (cached; reading the board, not playing)", path)
+        return []
+    env, rng = make_env(), random.Random(seed + 104729)
+    if env.name not in PLAYER:
+        raise ValueError(f"train.perception_steps is for the games ({', '.join(PLAYER)}), not {env.name}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    device = next(model.parameters()).device
+    losses = []
+    for step in range(steps):
+        rows = examples(env, SEED_BASE + step * batch, batch, rng)
+        ids, labels = [], []
+        for chat, answer in rows:
+            prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            p = tok(prompt, add_special_tokens=False)["input_ids"]
+            a = tok(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            ids.append(p + a)
+            labels.append([-100] * len(p) + a)
+        width = max(len(x) for x in ids)
+        x = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
+        y = torch.full((len(ids), width), -100, dtype=torch.long)
+        att = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, (a, b) in enumerate(zip(ids, labels)):
+            x[i, :len(a)], y[i, :len(b)], att[i, :len(a)] = torch.tensor(a), torch.tensor(b), 1
+        out = model(input_ids=x.to(device), attention_mask=att.to(device), labels=y.to(device))
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        losses.append(float(out.loss.detach()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_model(model, str(tmp))
+    tmp.replace(path)
+    return losses
+
+
+@torch.no_grad()
+def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0) -> float:
+    """Share of held-out probe questions answered exactly (greedy, the answer inside the tags)."""
+    import re
+
+    env, rng = make_env(), random.Random(seed + 7)
+    rows = examples(env, HELD_OUT_BASE, n, rng)
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    right = 0
+    for chat, answer in rows:
+        prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]], device=device)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+        m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        right += m is not None and m.group(1).strip() == answer
+    model.train(was)
+    return right / len(rows)
