@@ -27,6 +27,7 @@ train = [
     "gymnasium>=1.0",
     "datasets>=3.0",
     "math-verify>=0.8",  # its parser runtime (antlr4) comes with latex2sympy2_extended
+    "bm25s>=0.2",  # the search environment's retriever
 ]
 
 setup(

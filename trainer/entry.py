@@ -12,7 +12,7 @@ import sys
 # module name -> the distribution that provides it, all in the `train` extra
 TRAIN_MODULES = {"yaml": "pyyaml", "tqdm": "tqdm", "matplotlib": "matplotlib", "transformers": "transformers",
                  "tokenizers": "tokenizers", "gymnasium": "gymnasium", "datasets": "datasets",
-                 "math_verify": "math-verify"}
+                 "math_verify": "math-verify", "bm25s": "bm25s"}
 
 
 def missing_train_modules() -> list[str]:
