@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .metrics import points, read
-from .replay_stats import age_shares, kl_by_age, replay_summary
+from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
 
 # two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -185,6 +185,27 @@ def plot(path: Path, by_label: dict[str, list], summary: dict, budget: int, swee
     plt.close(fig)
 
 
+def signal_table(by_label: dict, width: int = 40) -> str:
+    """What the replay batches could teach, by window of iterations: the share of replayed
+    episodes alone in their group in the batch, and of replayed tokens with a non-zero advantage
+    before whitening, mean over seeds; empty when no run logged them."""
+    lines = []
+    for label, items in by_label.items():
+        runs = [signal_by_window(rows, width) for _, rows, _ in items]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        n = min(len(r) for r in runs)
+        single = " / ".join(f"{np.mean([r[i][1] for r in runs]):.2f}" for i in range(n))
+        nonzero = " / ".join(f"{np.mean([r[i][2] for r in runs]):.3f}" for i in range(n))
+        lines.append(f"| {label} | {len(runs)} | {single} | {nonzero} |")
+    if not lines:
+        return ""
+    return ("\n\nReplay signal by window of " + str(width) + " iterations (mean over seeds): singleton share "
+            "| non-zero-advantage token share\n\n| arm | seeds | singletons | adv ≠ 0 tokens |\n|---|---|---|---|\n"
+            + "\n".join(lines))
+
+
 def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) -> str:
     """Write table.md, results.json, curves.png and command.txt into `out`; return the tables."""
     by_label: dict[str, list] = {}
@@ -192,7 +213,7 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         rows = read(j["run"])
         by_label.setdefault(j["label"], []).append((j, rows, summarize(rows, budget)))
     table, summary = tables(by_label)
-    table = f"budget: {budget} env steps per run; " + table
+    table = f"budget: {budget} env steps per run; " + table + signal_table(by_label)
     plot(out / "curves.png", by_label, summary, budget, sweep)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(summary, indent=1))

@@ -77,3 +77,16 @@ def replay_summary(rows: list[dict]) -> dict:
             "adv_nonzero": float(np.mean([r.get("replay_adv_nonzero_frac", np.nan) for r in rep])),
             "drift_rate": rate, "drift_exponent": p,
             "drift_time": 1 / (2 * rate) if rate > 0 else math.inf}
+
+
+def signal_by_window(rows: list[dict], width: int = 40) -> list[tuple[int, float, float]]:
+    """[(first iteration of the window, mean singleton share, mean share of non-zero-advantage
+    tokens)] over windows of `width` iterations of a run's replays; [] for runs without them."""
+    rep = [r for r in rows if "replay_singleton_frac" in r]
+    out = []
+    for start in range(0, (rep[-1]["iteration"] + 1) if rep else 0, width):
+        w = [r for r in rep if start <= r["iteration"] < start + width]
+        if w:
+            out.append((start, float(np.mean([r["replay_singleton_frac"] for r in w])),
+                        float(np.mean([r["replay_adv_nonzero_frac"] for r in w]))))
+    return out

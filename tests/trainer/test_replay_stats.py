@@ -47,3 +47,13 @@ def test_summary_of_a_run():
     assert s["ess"] == pytest.approx(0.8) and s["age_mean"] == 1.5 and s["drift_rate"] == pytest.approx(0.01)
     assert s["drift_time"] == pytest.approx(50) and s["drift_exponent"] == pytest.approx(1.0)
     assert replay_summary([{"success": 0.0}]) == {}
+
+
+def test_signal_by_window():
+    from freshper.trainer.replay_stats import signal_by_window
+
+    rows = [{"iteration": i, "replay_singleton_frac": 0.1 * (i // 2), "replay_adv_nonzero_frac": 1.0 - 0.1 * (i // 2)}
+            for i in range(5)]
+    assert signal_by_window(rows, 2) == [(0, 0.0, 1.0), (2, pytest.approx(0.1), pytest.approx(0.9)),
+                                         (4, pytest.approx(0.2), pytest.approx(0.8))]
+    assert signal_by_window([{"iteration": 0}]) == []
