@@ -110,6 +110,23 @@ class TextEnv:
         return StepResult(self.render(), reward, penalty, self.done, valid, success, {"action": action})
 
 
+class QuestionEnv(TextEnv):
+    """An environment of questions (math, search): solved when answered right; the state is the
+    question itself, and nothing fails."""
+
+    actions = ()
+    question, correct = "", False
+
+    def solved(self) -> bool:
+        return self.correct
+
+    def failed(self) -> bool:
+        return False
+
+    def render(self) -> str:
+        return self.question
+
+
 def legend(symbols: dict[str, str], actions) -> str:
     """The symbol and action lines the paper's code appends to each instruction."""
     return ("\nThe meaning of each symbol in the state is:\n" + ", ".join(f"{k}: {v}" for k, v in symbols.items())

@@ -26,7 +26,7 @@ import random
 import threading
 from pathlib import Path
 
-from .base import EVAL_SEED_BASE, StepResult, TextEnv, register
+from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 _MAX_RESPONSE = 4000  # characters of a response the scorer looks at (its end)
@@ -107,9 +107,8 @@ def load_problems(path: str, question_key: str, answer_key: str) -> tuple[tuple[
 
 
 @register
-class Math(TextEnv):
+class Math(QuestionEnv):
     name = "math"
-    actions = ()
     instruction = INSTRUCTION
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
@@ -162,12 +161,3 @@ class Math(TextEnv):
         self.total_reward += reward
         self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, True, valid, self.correct, {"answer": self.answer})
-
-    def solved(self) -> bool:
-        return self.correct
-
-    def failed(self) -> bool:
-        return False
-
-    def render(self) -> str:
-        return self.question

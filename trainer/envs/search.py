@@ -36,7 +36,7 @@ import string
 from collections import Counter
 from pathlib import Path
 
-from .base import EVAL_SEED_BASE, StepResult, TextEnv, register
+from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
 
 MAX_TURNS, MAX_SEARCHES, TOP_K = 10, 5, 3  # the paper's code's nq_search defaults
 MAX_QUERY_CHARS = 300  # a longer query is cut before retrieval (defined behaviour, not an error)
@@ -216,9 +216,8 @@ def _retriever(corpus: str, seed: int) -> Retriever:
 
 
 @register
-class Search(TextEnv):
+class Search(QuestionEnv):
     name = "search"
-    actions = ()
     instruction = INSTRUCTION
 
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
@@ -294,14 +293,6 @@ class Search(TextEnv):
         """Per-episode figures beside success: searches made and the answer's F1."""
         return {"searches": float(self.searches), "answer_f1": self.answer_f1}
 
-    def solved(self) -> bool:
-        return self.correct
-
-    def failed(self) -> bool:
-        return False
-
-    def render(self) -> str:
-        return self.question
 
 
 def _parse_golds(golds) -> list[str]:
