@@ -124,9 +124,19 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
     return losses
 
 
+def kind(question: str) -> str:
+    """The probe's type: cell, where (the player), neighbour, boxes."""
+    if question.startswith("What is at row"):
+        return "cell"
+    if question.startswith("Where"):
+        return "where"
+    return "boxes" if question.startswith("How many") else "neighbour"
+
+
 @torch.no_grad()
-def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0) -> float:
-    """Share of held-out probe questions answered exactly (greedy, the answer inside the tags)."""
+def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0, by_kind: dict | None = None) -> float:
+    """Share of held-out probe questions answered exactly (greedy, the answer inside the tags);
+    `by_kind`, if given, collects {kind: [right, asked]}."""
     import re
 
     env, rng = make_env(), random.Random(seed + 7)
@@ -142,6 +152,43 @@ def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0) -> float:
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
         m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
-        right += m is not None and m.group(1).strip() == answer
+        ok = m is not None and m.group(1).strip() == answer
+        right += ok
+        if by_kind is not None:
+            k = by_kind.setdefault(kind(chat[1]["content"].split("Question: ")[1]), [0, 0])
+            k[0], k[1] = k[0] + ok, k[1] + 1
     model.train(was)
     return right / len(rows)
+
+
+def main(argv=None) -> int:
+    """python -m freshper.trainer.perception --preset frozenlake --steps 150: the warm start alone,
+    with held-out probe accuracy before and after, by kind of question."""
+    import argparse
+
+    from . import config as C
+    from .envs import make_env
+    from .model import env_kwargs, load_policy
+
+    p = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
+    p.add_argument("--preset", default="frozenlake")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--probes", type=int, default=200, help="held-out questions asked")
+    args, rest = p.parse_known_args(argv)
+    torch.set_num_threads(1)
+    cfg = C.load(args.preset, None, C.parse_overrides(rest))
+    model, tok, path = load_policy(cfg, torch.device("cpu"))
+    mk = lambda: make_env(cfg.env.name, **env_kwargs(cfg))  # noqa: E731
+    for label in ("before", "after"):
+        if label == "after":
+            warm_start(model, tok, mk, path, args.steps, args.lr, cfg.train.seed)
+        kinds = {}
+        acc = probe_accuracy(model, tok, mk, args.probes, by_kind=kinds)
+        parts = ", ".join(f"{k} {r / n:.3f} ({n})" for k, (r, n) in sorted(kinds.items()))
+        print(f"{label}: held-out probe accuracy {acc:.3f} on {args.probes} questions; by kind: {parts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
