@@ -155,6 +155,7 @@ class ReplayBuffer:
         self._own = torch.zeros(capacity, dtype=torch.float64, device=d)
         self._boosted = torch.zeros(capacity, dtype=torch.bool, device=d)
         self._boost_step: int | None = None
+        self._boost_slots = torch.zeros(0, dtype=torch.int64, device=d)  # the boosted step's inserts
         self._fields: dict[str, torch.Tensor] = {}
         self._size = 0
         self._next = 0  # FIFO write position
@@ -352,6 +353,8 @@ class ReplayBuffer:
         self._own[slots] = own
         self._boosted[slots] = self.insert == "max-one-step"
         if self.insert == "max-one-step":
+            same = self._boost_step == step
+            self._boost_slots = torch.cat([self._boost_slots, slots.to(self.device)]) if same else slots.to(self.device)
             self._boost_step = step
         for name, t in fields.items():
             self._fields[name][slots] = t.to(self.device)
@@ -367,7 +370,8 @@ class ReplayBuffer:
         if self._boost_step is None or step <= self._boost_step:
             return
         self._boost_step = None
-        slots = self._boosted.nonzero().squeeze(1)
+        slots = self._boost_slots[self._boosted[self._boost_slots]]  # not since replayed or overwritten
+        self._boost_slots = self._boost_slots[:0]
         if slots.numel():
             self._write(slots, self._own[slots], None)
             self._boosted[slots] = False

@@ -159,6 +159,7 @@ def load_buffer_state(buf, sd: dict) -> None:
     else:
         buf._own, buf._boosted = buf._log_base.exp() - buf.eps, torch.zeros_like(buf._live)
     buf._boost_step = counters.get("boost_step")
+    buf._boost_slots = buf._boosted.nonzero().squeeze(1)  # derived: the slots still boosted
     buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
     buf._size, buf._next, buf._added = counters["size"], counters["next"], counters["added"]
     buf._step = counters["step"]
