@@ -405,14 +405,20 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if self._size == 0:
             raise ValueError("cannot sample from an empty buffer; add() first")
-        step = self._check_step(step) if step is not None else self._step
-        beta = self._beta_at(step)
-        self._step = step
-        self._expire_boost(step)
+        step, beta = self._advance(step)
 
         u = torch.rand(batch_size, generator=self._gen, dtype=torch.float64, device=self.device)
         idx, probs, weights = self._draw(u, beta)
         return self._batch(idx, weights, probs, step, beta)
+
+    def _advance(self, step: int | None) -> tuple[int, float]:
+        """(step, beta) of a draw at `step` (None: the latest seen), validated, with the step
+        taken as the buffer's latest and any expired insertion boost ended."""
+        step = self._check_step(step) if step is not None else self._step
+        beta = self._beta_at(step)
+        self._step = step
+        self._expire_boost(step)
+        return step, beta
 
     def _draw(self, u: torch.Tensor, beta: float):
         """(slots, P(i), IS weights) of the draws whose targets are (j + u_j) / B of the live mass,
@@ -471,9 +477,7 @@ class ReplayBuffer:
         idx = live[starts[which][of_row] + offset]
         lp = log_pg[which][of_row]
         weights = torch.exp(-draw.beta * (lp - log_pg.min()))
-        birth = self._birth[idx]
-        fields = {name: t[idx] for name, t in self._fields.items()}
-        return SampleBatch(idx, weights, torch.exp(lp), birth, self._step - birth, draw.beta, fields)
+        return self._batch(idx, weights, torch.exp(lp), self._step, draw.beta)
 
     def update_priorities(self, indices, priority, step: int | None = None) -> None:
         """Set the base priority of live `indices` (B,); with duplicates the last value wins.

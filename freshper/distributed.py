@@ -52,12 +52,9 @@ class DistributedSampler:
         if not _is_int(batch_size) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         buf = self.buffer
-        step = buf._check_step(step) if step is not None else buf._step
-        if step is None:
+        if step is None and buf.step is None:
             raise ValueError("step is required before the first add on this rank")
-        buf._step = step
-        buf._expire_boost(step)
-        beta = buf._beta_at(step)
+        step, beta = buf._advance(step)
         live = buf._keys[buf._live]
         local = torch.tensor([torch.logsumexp(live, 0).item() if live.numel() else -math.inf,
                               live.min().item() if live.numel() else math.inf, float(live.numel())],

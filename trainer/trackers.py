@@ -36,9 +36,7 @@ def scalars(row: dict, prefix: str = "") -> dict[str, float]:
     out = {}
     for k, v in row.items():
         key = f"{prefix}{k}"
-        if isinstance(v, bool):
-            out[key] = float(v)
-        elif isinstance(v, (int, float)):
+        if isinstance(v, (bool, int, float)):
             out[key] = float(v)
         elif isinstance(v, dict):
             out.update(scalars(v, key + "/"))
