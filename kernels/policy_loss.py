@@ -113,6 +113,20 @@ def check_inputs(logp, old_logp, advantages, mask, weights, clip_low, clip_high,
                          f"tis_logp={'given' if tis_logp is not None else None}")
 
 
+def aggregate(tok: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """Token terms (B, T) aggregated over `mask` as the loss is (see the module docstring);
+    masked entries are ignored even when inf or nan."""
+    m = mask.to(tok.dtype)
+    tok = torch.where(m > 0, tok, torch.zeros_like(tok))
+    counts = m.sum(-1)
+    nseq = (counts > 0).sum().clamp_min(1)
+    if agg == "token-mean":
+        return tok.sum() / counts.sum().clamp_min(1.0)
+    if agg == "seq-mean-token-mean":
+        return (tok.sum(-1) / counts.clamp_min(1.0)).sum() / nseq
+    return tok.sum(-1).sum() / nseq
+
+
 def _row_coef(tokens: torch.Tensor, agg: str) -> torch.Tensor:
     """d loss / d (row sum of token losses), (B,) float32, from per-row token counts."""
     nonempty = tokens > 0
@@ -199,16 +213,8 @@ def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, cli
         d = ref_logp.to(dt) - lp
         kl = torch.exp(d) - d - 1.0
         tok = tok + kl_coef * kl
-    tok = torch.where(m > 0, tok, torch.zeros_like(tok))  # masked tokens may hold inf/nan ratios
     counts = m.sum(-1)
-    nonempty = counts > 0
-    nseq = nonempty.sum().clamp_min(1)
-    if agg == "token-mean":
-        loss = tok.sum() / counts.sum().clamp_min(1.0)
-    elif agg == "seq-mean-token-mean":
-        loss = (tok.sum(-1) / counts.clamp_min(1.0)).sum() / nseq
-    else:
-        loss = tok.sum(-1).sum() / nseq
+    loss = aggregate(tok, m, agg)
     if not return_stats:
         return loss
     with torch.no_grad():

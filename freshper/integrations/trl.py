@@ -38,6 +38,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from freshper import ReplayBuffer
 from freshper.kernels import policy_loss
+from freshper.kernels.policy_loss import aggregate
 
 _BUFFER_FILE = "freshper_buffer.safetensors"
 # TRL loss_type -> (freshper aggregation, divide by max_completion_length): the clipped losses
@@ -111,19 +112,6 @@ class FreshPERGRPOConfig(GRPOConfig):
     def replay_on(self) -> bool:
         """Whether completions are stored at all."""
         return self.replay_updates > 0 or self.replay_fill_zero_variance
-
-
-def _aggregate(tok: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
-    """A per-token term (B, T) aggregated as freshper.kernels.policy_loss aggregates its loss."""
-    m = mask.to(tok.dtype)
-    counts = m.sum(1)
-    rows = (tok * m).sum(1)
-    nonempty = (counts > 0).sum().clamp_min(1)
-    if agg == "token-mean":
-        return rows.sum() / counts.sum().clamp_min(1)
-    if agg == "seq-mean-token-mean":
-        return (rows / counts.clamp_min(1)).sum() / nonempty
-    return rows.sum() / nonempty
 
 
 class _ReplayAfterStep(TrainerCallback):
@@ -246,7 +234,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             kl = torch.exp(d) - d - 1
             if getattr(a, "use_bias_correction_kl", False):
                 kl = kl * torch.exp(logps - old).detach()
-            loss = loss + self.beta * _aggregate(kl, mask, agg)
+            loss = loss + self.beta * aggregate(kl, mask, agg)
         if per_length:
             loss = loss * mask.any(1).sum() / (mask.size(0) * a.max_completion_length)
         return loss, stats
