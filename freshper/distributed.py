@@ -10,7 +10,8 @@ own buffer by the same search a local sample does, at the same points of its loc
 slots, probabilities P(i) = P_local(i) Z_r / Z and weights (P(i) / min_j P(j))^-beta equal those
 of one buffer holding every rank's trajectories (tests/freshper/test_distributed.py, 2 ranks).
 One all-gather of 3 numbers per rank per sample. Priority updates stay local (a slot id names a
-slot on its own rank).
+slot on its own rank). `reshard` moves saved shards to another number of ranks (a run resumed
+on more or fewer GPUs) and keeps the distribution.
 """
 from __future__ import annotations
 
@@ -93,3 +94,66 @@ class DistributedSampler:
         batch.strata = mine.to(dev)
         batch.counts = torch.bincount(owner, minlength=self.world)  # rows each rank drew
         return batch
+
+
+def reshard(states: list[dict], world: int) -> list[dict]:
+    """Buffer states of R ranks (`ReplayBuffer.state_dict()` each, equal capacities) -> states
+    for `world` ranks holding the same trajectories, capacity sum(capacities) / world each.
+
+    A trajectory's key depends only on its own slot (priority, birth step, insertion state), so
+    moving it to another rank keeps its global probability: the union's distribution is exactly
+    the saved one. Trajectories are dealt round-robin in order of birth (rank, then slot, within
+    a step), oldest first in each new buffer, so FIFO eviction still removes the oldest. Each new
+    state takes the sampling RNG state of saved rank r % R (a resharded run's draws cannot
+    repeat the old ones anyway)."""
+    from freshper.checkpoint import _check_state
+
+    if not _is_int(world) or world <= 0:
+        raise ValueError(f"world must be a positive int, got {world!r}")
+    if not states:
+        raise ValueError("states must hold at least one rank's buffer state")
+    for sd in states:
+        _check_state(sd)
+    metas = [sd["meta"] for sd in states]
+    caps = {m["config"]["capacity"] for m in metas}
+    if len(caps) != 1:
+        raise ValueError(f"the saved ranks' buffers differ in capacity ({sorted(caps)}); expected equal shards")
+    total = caps.pop() * len(states)
+    if total % world:
+        raise ValueError(f"the total capacity {total} does not split evenly over world={world} ranks")
+    cap = total // world
+    names = [k for k in states[0]["tensors"] if k != "rng"]
+    # every live slot, oldest first: (birth, saved rank, slot in FIFO order from the oldest)
+    order = []
+    for r, sd in enumerate(states):
+        t, c = sd["tensors"], sd["meta"]["counters"]
+        live = t["live"].nonzero().squeeze(1)
+        age_rank = (live - c["next"]) % t["live"].numel()  # FIFO position: slot `next` is the oldest
+        order += [(int(t["birth"][s]), r, int(a), int(s)) for s, a in zip(live.tolist(), age_rank.tolist())]
+    order.sort()
+    out = []
+    for q in range(world):
+        mine = order[q::world]
+        src = torch.tensor([m[1] for m in mine], dtype=torch.int64)
+        slot = torch.tensor([m[3] for m in mine], dtype=torch.int64)
+        pos = torch.arange(len(mine))
+        tensors = {}
+        for k in names:
+            ref = states[0]["tensors"][k]
+            fill = torch.zeros((cap, *ref.shape[1:]), dtype=ref.dtype)
+            for r, sd in enumerate(states):
+                sel = src == r
+                fill[pos[sel]] = sd["tensors"][k][slot[sel]]
+            tensors[k] = fill
+        tensors["rng"] = states[q % len(states)]["tensors"]["rng"].clone()
+        meta = {**metas[0], "config": {**metas[0]["config"], "capacity": cap, "seed": metas[0]["config"]["seed"] + q},
+                "fields": metas[0]["fields"]}
+        c0 = [m["counters"] for m in metas]
+        steps = [c["step"] for c in c0 if c["step"] is not None]
+        boost = [c.get("boost_step") for c in c0 if c.get("boost_step") is not None]
+        meta["counters"] = {"size": len(mine), "next": len(mine) % cap, "added": len(mine),
+                            "step": max(steps) if steps else None, "tree_ref": None,
+                            "max_priority": max(c.get("max_priority", 1.0) for c in c0),
+                            "boost_step": max(boost) if boost else None}
+        out.append({"meta": meta, "tensors": tensors})
+    return out

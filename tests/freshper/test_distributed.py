@@ -89,3 +89,57 @@ def test_two_ranks_sample_the_single_buffer_distribution(tmp_path, sampler):
 def test_needs_an_initialised_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         DistributedSampler(ReplayBuffer(8))
+
+
+def _global_probs(bufs, step):
+    """{gid: probability} of the union of `bufs` (each a rank's shard): P_local * Z_r / Z."""
+    logz = torch.stack([torch.logsumexp(b._keys[b._live], 0) for b in bufs])
+    out = {}
+    for b, lz in zip(bufs, logz):
+        p = b.probabilities(step=step) * torch.exp(lz - torch.logsumexp(logz, 0))
+        for g, q in zip(b._fields["gid"][b._live].tolist(), p[b._live].tolist()):
+            out[g] = q
+    return out
+
+
+@pytest.mark.parametrize("old,new", [(2, 1), (1, 2), (2, 4), (4, 2)])
+def test_reshard_keeps_every_trajectory_and_its_probability(old, new):
+    from freshper.distributed import reshard
+
+    cap = 64 // old
+    bufs = [ReplayBuffer(cap, mode="freshper", tau=5.0, beta=0.6, seed=r, insert="max-one-step") for r in range(old)]
+    for r, b in enumerate(bufs):
+        fill(b, lambda s: [i for i in range(s * 10, s * 10 + 10) if i % old == r])
+        b.update_priorities(torch.tensor([0]), torch.tensor([3.0], dtype=torch.float64), step=4)
+    want = _global_probs(bufs, 4)
+    states = reshard([b.state_dict() for b in bufs], new)
+    got_bufs = []
+    for sd in states:
+        b = ReplayBuffer(64 // new, mode="freshper", tau=5.0, beta=0.6, insert="max-one-step",
+                         fields={"gid": ((), torch.int64)})
+        b.load_state_dict(sd)
+        got_bufs.append(b)
+    assert sorted(len(b) for b in got_bufs) == sorted([len(want) // new + (i < len(want) % new) for i in range(new)])
+    got = _global_probs(got_bufs, 4)
+    assert set(got) == set(want), "every trajectory is kept, none is duplicated"
+    for g in want:
+        assert abs(got[g] - want[g]) < 1e-12 * max(1.0, want[g]), g
+    # FIFO: each new shard holds its trajectories oldest first from slot 0 and writes next after them,
+    # so once full it evicts the oldest first
+    for b in got_bufs:
+        n = len(b)
+        assert b._live[:n].all() and not b._live[n:].any()
+        assert (b._birth[:n].diff() >= 0).all()
+        assert int(b._choose_slots(1)) == n % b.capacity
+
+
+def test_reshard_refuses_what_cannot_split():
+    from freshper.distributed import reshard
+
+    b = ReplayBuffer(10, mode="freshper", tau=5.0)
+    with pytest.raises(ValueError, match="world must be a positive int"):
+        reshard([b.state_dict()], 0)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        reshard([b.state_dict()], 3)
+    with pytest.raises(ValueError, match="at least one"):
+        reshard([], 2)
