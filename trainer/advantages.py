@@ -22,27 +22,38 @@ def _group_normalise(r: torch.Tensor, group: torch.Tensor, eps: float, std: str 
     n = torch.zeros(int(inv.max()) + 1, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
     mean = torch.zeros_like(n).index_add_(0, inv, r) / n
     ss = torch.zeros_like(n).index_add_(0, inv, (r - mean[inv]) ** 2)
-    if std == "population":
-        return (r - mean[inv]) / ((ss / n)[inv].sqrt() + eps)
-    # the paper's code: torch's std (n - 1), and zeros for a group of one or of equal returns
-    sd = (ss / (n - 1).clamp_min(1)).sqrt()
-    flat = (n < 2) | (sd <= 1e-6)
+    # population: std over n; sample (the paper's code): torch's std, over n - 1. Either way a
+    # group of one or of equal returns gets exactly 0: its mean carries a rounding error, and
+    # (r - mean) / (std + eps) would turn that error into an advantage of order 1e-3, which the
+    # batch whitening then blows up to unit size when every group of a batch is flat.
+    sd = (ss / n).sqrt() if std == "population" else (ss / (n - 1).clamp_min(1)).sqrt()
+    flat = (n < 2) | (sd <= FLAT)
     return torch.where(flat[inv], torch.zeros_like(r), (r - mean[inv]) / (sd[inv] + eps))
 
 
 GROUP_STDS = ("population", "sample")
+FLAT = 1e-6  # returns whose standard deviation is below this are equal: their advantage is 0
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def advantages(kind: str, reward: torch.Tensor, group: torch.Tensor | None = None, eps: float = 1e-6,
-               std: str = "population") -> torch.Tensor:
+               std: str = "population", total=_own) -> torch.Tensor:
     """(E,) float32 advantages from (E,) episode returns; `group` (E,) int64 ids for the group
     estimators (a singleton group gets 0). std: the group's standard deviation over n
-    ("population") or n - 1 with zeros for flat groups ("sample", the paper's code)."""
+    ("population") or n - 1 with zeros for flat groups ("sample", the paper's code).
+    `total(t)` sums a tensor over the ranks that share the batch (several GPUs; each group lives
+    on one rank, so only the batch-wide reinforce++ statistics need it)."""
     if std not in GROUP_STDS:
         raise ValueError(f"std must be one of {GROUP_STDS}, got {std!r}")
     r = reward.float()
     if kind == "reinforce++":
-        return (r - r.mean()) / (r.std(unbiased=False) + eps)
+        s = total(torch.stack([r.sum(), torch.tensor(float(r.numel()), device=r.device)]))
+        mean = s[0] / s[1]
+        sd = (total(((r - mean) ** 2).sum()) / s[1]).sqrt()
+        return torch.zeros_like(r) if sd <= FLAT else (r - mean) / (sd + eps)
     if kind in ("reinforce", "grpo"):
         if group is None:
             raise ValueError(f"{kind} advantages need group=(E,) group ids")
@@ -50,15 +61,18 @@ def advantages(kind: str, reward: torch.Tensor, group: torch.Tensor | None = Non
     raise ValueError(f"advantage must be one of {ESTIMATORS}, got {kind!r}")
 
 
-def shape(adv: torch.Tensor, mask: torch.Tensor, whiten: bool, clip: float, eps: float = 1e-8) -> torch.Tensor:
+def shape(adv: torch.Tensor, mask: torch.Tensor, whiten: bool, clip: float, eps: float = 1e-8,
+          total=_own) -> torch.Tensor:
     """(E, L) token advantages: each episode's (E,) advantage on its response tokens (`mask`),
-    whitened over all of them if `whiten`, clipped to [-clip, clip] if clip > 0; 0 elsewhere."""
+    whitened over all of them if `whiten`, clipped to [-clip, clip] if clip > 0; 0 elsewhere.
+    `total(t)` sums over the ranks that share the batch: the whitening is over the global batch."""
     m = mask.to(adv.dtype)
     tok = adv[:, None] * m
     if whiten:
-        n = m.sum().clamp_min(1.0)
-        mean = tok.sum() / n
-        std = (((tok - mean) * m) ** 2).sum().div(n).sqrt()
+        s = total(torch.stack([tok.sum(), m.sum()]))
+        n = s[1].clamp_min(1.0)
+        mean = s[0] / n
+        std = total((((tok - mean) * m) ** 2).sum()).div(n).sqrt()
         tok = (tok - mean) / (std + eps) * m
     if clip > 0:
         tok = tok.clamp(-clip, clip)

@@ -57,3 +57,18 @@ def test_sample_std_is_the_papers_normaliser():
     torch.testing.assert_close(a[:4], pop[:4] * (3 / 4) ** 0.5, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="std"):
         advantages("reinforce", r, g, std="n-1")
+
+
+@pytest.mark.parametrize("kind,std", [("grpo", "population"), ("grpo", "sample"), ("reinforce++", "population")])
+def test_a_batch_of_equal_returns_has_exactly_zero_advantage_even_after_whitening(kind, std):
+    """Equal returns whose float32 mean is not exact (8 x -0.45, 3 x 0.1): the advantage is 0, not
+    the rounding error over eps, which whitening would scale up to unit size."""
+    from freshper.trainer.advantages import shape
+
+    r = torch.tensor([-0.45] * 8 + [0.1] * 3)
+    g = torch.tensor([0] * 8 + [1] * 3)
+    assert (r[:8].sum() / 8 != r[0]) or (r[8:].sum() / 3 != r[8]), "the premise: a mean with a rounding error"
+    r = r[:8] if kind == "reinforce++" else r
+    a = advantages(kind, r, g[:len(r)], std=std)
+    assert (a == 0).all()
+    assert (shape(a, torch.ones(len(r), 4, dtype=torch.bool), whiten=True, clip=5.0) == 0).all()
