@@ -512,3 +512,9 @@ class ReplayBuffer:
     def load(cls, path, *, device=None, beta=None) -> "ReplayBuffer":
         """A buffer from `save`d state. `beta` is required if the saved one was a custom callable."""
         return checkpoint.buffer_from_file(cls, path, device=device, beta=beta)
+
+    @classmethod
+    def from_state(cls, sd: dict, *, device=None, beta=None) -> "ReplayBuffer":
+        """A buffer built from a `state_dict()` (its capacity and settings), e.g. one of
+        freshper.distributed.reshard's."""
+        return checkpoint.buffer_from_state(cls, sd, device=device, beta=beta)

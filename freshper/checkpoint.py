@@ -174,11 +174,15 @@ def save_state(path, sd: dict) -> None:
 
 def buffer_from_file(cls, path, *, device=None, beta=None):
     tensors, meta = read_safetensors(path)
-    sd = {"meta": meta, "tensors": tensors}
+    return buffer_from_state(cls, {"meta": meta, "tensors": tensors}, device=device, beta=beta, source=str(path))
+
+
+def buffer_from_state(cls, sd: dict, *, device=None, beta=None, source: str = "the state"):
     _check_state(sd)
+    meta = sd["meta"]
     cfg = meta["config"]
     if cfg["beta"] is None and beta is None:
-        raise ValueError(f"{path} was saved with a custom beta callable; pass beta= to ReplayBuffer.load")
+        raise ValueError(f"{source} was saved with a custom beta callable; pass beta= to ReplayBuffer.load")
     if beta is None:
         beta = schedule_from_dict(cfg["beta"]) if isinstance(cfg["beta"], dict) else cfg["beta"]
     device = torch.device(device) if device is not None else torch.device("cpu")

@@ -96,9 +96,11 @@ class DistributedSampler:
         return batch
 
 
-def reshard(states: list[dict], world: int) -> list[dict]:
+def reshard(states: list[dict], world: int, capacity: int | None = None) -> list[dict]:
     """Buffer states of R ranks (`ReplayBuffer.state_dict()` each, equal capacities) -> states
-    for `world` ranks holding the same trajectories, capacity sum(capacities) / world each.
+    for `world` ranks holding the same trajectories, `capacity` each (default: the saved total
+    over `world`). If the new total is smaller than the live trajectories, the oldest are left
+    out, as FIFO eviction would have removed them.
 
     A trajectory's key depends only on its own slot (priority, birth step, insertion state), so
     moving it to another rank keeps its global probability: the union's distribution is exactly
@@ -119,9 +121,14 @@ def reshard(states: list[dict], world: int) -> list[dict]:
     if len(caps) != 1:
         raise ValueError(f"the saved ranks' buffers differ in capacity ({sorted(caps)}); expected equal shards")
     total = caps.pop() * len(states)
-    if total % world:
-        raise ValueError(f"the total capacity {total} does not split evenly over world={world} ranks")
-    cap = total // world
+    if capacity is None:
+        if total % world:
+            raise ValueError(f"the total capacity {total} does not split evenly over world={world} ranks")
+        cap = total // world
+    elif not _is_int(capacity) or capacity <= 0:
+        raise ValueError(f"capacity must be a positive int or None, got {capacity!r}")
+    else:
+        cap = capacity
     names = [k for k in states[0]["tensors"] if k != "rng"]
     # every live slot, oldest first: (birth, saved rank, slot in FIFO order from the oldest)
     order = []
@@ -131,6 +138,7 @@ def reshard(states: list[dict], world: int) -> list[dict]:
         age_rank = (live - c["next"]) % t["live"].numel()  # FIFO position: slot `next` is the oldest
         order += [(int(t["birth"][s]), r, int(a), int(s)) for s, a in zip(live.tolist(), age_rank.tolist())]
     order.sort()
+    order = order[max(0, len(order) - cap * world):]  # the newest that fit
     out = []
     for q in range(world):
         mine = order[q::world]

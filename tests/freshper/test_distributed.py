@@ -56,7 +56,8 @@ def _worker(rank, world, port, out, sampler):
         dist.destroy_process_group()
 
 
-def _port():
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a test's own process group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -64,7 +65,7 @@ def _port():
 
 @pytest.mark.parametrize("sampler", ["tree", "scan"])
 def test_two_ranks_sample_the_single_buffer_distribution(tmp_path, sampler):
-    mp.spawn(_worker, args=(2, _port(), str(tmp_path), sampler), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), sampler), nprocs=2, join=True)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     single = ReplayBuffer(64, mode="freshper", tau=5.0, beta=0.6, sampler=sampler)
     fill(single, lambda s: list(range(s * 10, s * 10 + 10)))
@@ -143,3 +144,23 @@ def test_reshard_refuses_what_cannot_split():
         reshard([b.state_dict()], 3)
     with pytest.raises(ValueError, match="at least one"):
         reshard([], 2)
+
+
+def test_reshard_into_less_room_keeps_the_newest_with_their_relative_probabilities():
+    from freshper.distributed import reshard
+
+    bufs = [ReplayBuffer(32, mode="freshper", tau=5.0, seed=r) for r in range(2)]
+    for r, b in enumerate(bufs):
+        fill(b, lambda s: [i for i in range(s * 10, s * 10 + 10) if i % 2 == r])  # 20 each, 40 in all
+    want = _global_probs(bufs, 4)
+    (sd,) = reshard([b.state_dict() for b in bufs], 1, capacity=16)
+    one = ReplayBuffer.from_state(sd)
+    assert one.capacity == 16 and len(one) == 16
+    got = _global_probs([one], 4)
+    # the 16 newest: all of step 3 (ids 30-39) and 6 of step 2 (20-29, equally new); none older
+    assert set(range(30, 40)) <= set(got) <= set(range(20, 40))
+    z = sum(want[g] for g in got)
+    for g in got:
+        assert abs(got[g] - want[g] / z) < 1e-12
+    with pytest.raises(ValueError, match="capacity must be a positive int"):
+        reshard([b.state_dict() for b in bufs], 1, capacity=0)
