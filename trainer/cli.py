@@ -33,20 +33,23 @@ def _fields_help(preset: str) -> str:
 
 
 class logging_to:
-    """Log INFO to stderr and RUN_DIR/train.log for the duration of a command."""
+    """Log INFO to stderr and RUN_DIR/train.log for the duration of a command. Ranks other
+    than 0 of a torchrun job (`rank` > 0) log only warnings, to stderr, marked with their rank."""
 
-    def __init__(self, run_dir: Path | None = None):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path | None = None, rank: int = 0):
+        self.run_dir = run_dir if rank == 0 else None
+        self.rank = rank
 
     def __enter__(self):
-        fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+        tag = f"[rank {self.rank}] " if self.rank else ""
+        fmt = logging.Formatter(f"%(asctime)s {tag}%(levelname)s %(message)s")
         self.handlers = [logging.StreamHandler(sys.stderr)]
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.handlers.append(logging.FileHandler(self.run_dir / "train.log"))
         root = logging.getLogger()
         self.level = root.level
-        root.setLevel(logging.INFO)
+        root.setLevel(logging.INFO if self.rank == 0 else logging.WARNING)
         for h in self.handlers:
             h.setFormatter(fmt)
             root.addHandler(h)
@@ -73,9 +76,38 @@ def holds_run(run_dir: Path) -> bool:
     return any((run_dir / n).exists() for n in ("metrics.jsonl", "checkpoints", "config.yaml"))
 
 
-def build_config(args, rest) -> tuple[C.Config, Path, bool]:
+class RunLock:
+    """An exclusive lock on a run folder for as long as a trainer writes it (`RUN_DIR/.lock`,
+    flock: the kernel releases it when the process ends, however it ends). A second trainer on
+    the same folder, started by any launcher, stops at once with a message naming the holder."""
+
+    def __init__(self, run_dir: Path):
+        import fcntl
+        import os
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.fh = open(run_dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.seek(0)
+            holder = self.fh.read().strip() or "?"
+            self.fh.close()
+            raise ValueError(f"run folder {run_dir} is being written by another trainer (pid {holder}); "
+                             f"wait for it, or name another run with --train.name") from None
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(f"{os.getpid()}\n")
+        self.fh.flush()
+
+    def release(self) -> None:
+        self.fh.close()
+
+
+def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path, bool]:
     """(config, run dir, resume?) from the parsed train/profile arguments; every check that can
-    fail is made here, before anything is built or written."""
+    fail is made here, before anything is built or written (the occupied-folder check only if
+    `check_folder`: under torchrun rank 0 makes it, holding the folder's lock)."""
     overrides = C.parse_overrides(rest)
     if args.resume:
         run_dir = Path(args.resume)
@@ -85,23 +117,30 @@ def build_config(args, rest) -> tuple[C.Config, Path, bool]:
         return cfg, run_dir, True
     cfg = C.load(args.preset, args.config, overrides)
     run_dir = run_dir_for(cfg)
-    if holds_run(run_dir):
-        raise ValueError(f"run folder {run_dir} already holds a run: continue it with --resume {run_dir}, "
-                         f"name a new one with --train.name, or remove the folder")
+    if check_folder:
+        check_free(run_dir)
     return cfg, run_dir, False
 
 
-def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool):
+def check_free(run_dir: Path) -> None:
+    if holds_run(run_dir):
+        raise ValueError(f"run folder {run_dir} already holds a run: continue it with --resume {run_dir}, "
+                         f"name a new one with --train.name, or remove the folder")
+
+
+def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool, dist=None):
     """A Trainer. If building it fails and `new_dir` (this command made the run folder), the
     half-made folder is removed and the log says so; an existing or resumed folder is kept."""
     import shutil
 
+    from .dist import SINGLE
     from .loop import Trainer
 
+    dist = dist or SINGLE
     try:
-        return Trainer(cfg, run_dir, resume=resume)
+        return Trainer(cfg, run_dir, resume=resume, dist=dist)
     except BaseException:
-        if new_dir and not resume:
+        if new_dir and not resume and dist.main:
             shutil.rmtree(run_dir, ignore_errors=True)
             logging.getLogger("freshper").error("start failed; removed the half-made run folder %s", run_dir)
         raise
@@ -122,35 +161,57 @@ def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
     return p
 
 
-def single_process_only(p) -> None:
-    """The trainer is one process: under torchrun with several ranks every rank would train its
-    own copy into the same run folder. Refuse that (the sharded buffer, freshper.distributed,
-    is the library part that exists for several ranks)."""
+def single_process_only(p, what: str) -> None:
+    """Refuse a command that runs as one process when torchrun started several."""
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        p.error(f"WORLD_SIZE={world}: freshper train runs as one process; under torchrun each of the {world} ranks "
-                f"would train an independent copy into one run folder. Run it without torchrun (several GPUs: "
-                f"not supported by the trainer yet; freshper.distributed.DistributedSampler is the buffer part).")
+        p.error(f"WORLD_SIZE={world}: {what} runs as one process; run it without torchrun "
+                f"(freshper train is the command that runs on several ranks)")
 
 
 def cmd_train(argv) -> int:
+    """One process, or every rank of a torchrun job: rank 0 checks and locks the run folder and
+    its verdict reaches all ranks before anything is written."""
+    from . import dist as D
+    from .loop import check_world
+
     p = _train_parser("freshper train", argv)
     args, rest = p.parse_known_args(argv)
-    single_process_only(p)
+    world = D.from_env().world
     try:
-        cfg, run_dir, resume = build_config(args, rest)
+        cfg, run_dir, resume = build_config(args, rest, check_folder=False)
+        check_world(cfg, world)
     except ValueError as e:
         p.error(str(e))
-    new_dir = not run_dir.exists()  # decided before logging creates the folder
-    with logging_to(run_dir):
+    d = D.init(cfg.train.device)
+    new_dir, lock, err = not run_dir.exists(), None, None  # new_dir: decided before logging creates it
+    if d.main:
         try:
-            trainer = start(cfg, run_dir, resume, new_dir)
-        except KeyboardInterrupt:
-            print("freshper train: interrupted before training started", file=sys.stderr)
-            return 130
-        trainer.run()
+            if not resume:
+                check_free(run_dir)
+            lock = RunLock(run_dir)
+        except ValueError as e:
+            err = str(e)
+    err = d.broadcast(err)
+    if err:
+        D.close(d)
+        if d.main:
+            p.error(err)
+        return 2
+    try:
+        with logging_to(run_dir, d.rank):
+            try:
+                trainer = start(cfg, run_dir, resume, new_dir, d)
+            except KeyboardInterrupt:
+                print("freshper train: interrupted before training started", file=sys.stderr)
+                return 130
+            trainer.run()
+    finally:
+        if lock is not None:
+            lock.release()
+        D.close(d)
     return 130 if trainer.interrupted else 0
 
 
@@ -166,7 +227,7 @@ def cmd_profile(argv) -> int:
     p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
     args, rest = p.parse_known_args(argv)
-    single_process_only(p)
+    single_process_only(p, "freshper profile")
     try:
         first, last = nsight.parse_window(args.iterations)
         cfg, run_dir, resume = build_config(args, rest)
@@ -295,6 +356,11 @@ def main(argv=None) -> int:
     cmd = argv[0]
     if cmd not in COMMANDS:
         print(f"freshper: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    if world > 1 and cmd in ("compare", "chance", "export", "eval", "plot"):
+        print(f"freshper {cmd}: WORLD_SIZE={world}: this command runs as one process; run it without torchrun "
+              f"(freshper train is the command that runs on several ranks)", file=sys.stderr)
         return 2
     return COMMANDS[cmd](argv[1:])
 

@@ -15,11 +15,23 @@ from pathlib import Path
 from . import checkpoint as ckpt
 
 
-def save_hf(model, tokenizer, out: Path) -> Path:
-    """Write `model` and `tokenizer` as a Hugging Face folder (safetensors)."""
+def save_hf(model, tokenizer, out: Path, net=None, dist=None) -> Path:
+    """Write `model` and `tokenizer` as a Hugging Face folder (safetensors). On several ranks
+    (`dist`) `net` is the sharded PolicyNet around `model`: its full weights are gathered to
+    rank 0's host memory (collective: every rank calls this) and rank 0 writes the folder."""
     out = Path(out)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    if dist is None or not dist.on:
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        return out
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.main:
+        sd = {k.removeprefix("model."): v for k, v in full.items()}
+        model.save_pretrained(out, state_dict=sd, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    dist.barrier()
     return out
 
 
@@ -43,6 +55,18 @@ def export(run_dir, out, iteration: int | None = None) -> Path:
 
     path = checkpoint_dir(Path(run_dir), iteration)
     state = json.loads((path / "state.json").read_text())
+    tok = AutoTokenizer.from_pretrained(state["model_path"])
+    if (path / "dcp").is_dir():  # saved by several ranks: torch.distributed.checkpoint, read whole here
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        from .sharding import PolicyNet
+
+        net = PolicyNet(AutoModelForCausalLM.from_pretrained(state["model_path"], dtype=torch.float32))
+        sd = {"model": get_model_state_dict(net)}
+        dcp.load(sd, checkpoint_id=str(path / "dcp"))
+        set_model_state_dict(net, sd["model"])
+        return save_hf(net.model, tok, out)
     weights = path / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
@@ -51,5 +75,4 @@ def export(run_dir, out, iteration: int | None = None) -> Path:
     missing, _ = load_model(model, str(weights), strict=False)
     if [m for m in missing if m != "lm_head.weight"]:  # a tied head is saved once
         raise ValueError(f"{weights} does not match the model at {state['model_path']}: missing {missing[:3]}")
-    tok = AutoTokenizer.from_pretrained(state["model_path"])
     return save_hf(model, tok, out)

@@ -9,6 +9,11 @@ The arm is `algo.mode`: on-policy (K = 0), per (no decay), freshper (exp(-age / 
 uniform (replay without priorities). The buffer's step is the iteration number, so tau is in
 iterations, as in the paper. Episodes stay on the training device from the rollout to the
 buffer and back; each update syncs with the host once for its statistics.
+
+On several ranks (torchrun) each rank rolls out its share of the iteration's groups, keeps them
+in its own buffer and draws its share of each replay batch from the one global FreshPER
+distribution (freshper.distributed); the model is sharded (trainer/policy.py). Counters, stop
+requests, drift estimates and metrics are agreed over the ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
@@ -19,18 +24,20 @@ from pathlib import Path
 import torch
 
 from freshper import ReplayBuffer, base_priority, linear_beta
+from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
 from .config import Config, buffer_insert, to_yaml
+from .dist import SINGLE, Dist
 from .drift import DriftTau
 from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
-from .metrics import MetricsLog, plot
+from .metrics import MetricsLog, merge_rows, plot
 from .model import env_kwargs, load_policy, pick_device
-from .policy import Policy
+from .policy import Policy, warm_start
 from .rollout import rollout
 from .trackers import Trackers
 from .trackers import check_installed as check_trackers
@@ -63,15 +70,21 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def signal_rows(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(E, 3) float64 per replayed episode: 1 if no other member of its group is in the batch (a
+    group-relative advantage is 0 for it), its loss tokens, and those tokens again if its
+    advantage before whitening is non-zero (|A| > 1e-6), else 0."""
+    _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
+    tokens = mask[:, 1:].sum(1).double()
+    return torch.stack([(counts[inv] == 1).double(), tokens, tokens * (adv.abs() > 1e-6).double()], 1)
+
+
 def replay_signal(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """What a replay batch can teach, (2,) float64: the share of its episodes whose group has no
-    other member in the batch (a group-relative advantage is 0 for them), and the share of its
-    loss tokens whose episode advantage, before whitening, is non-zero (|A| > 1e-6)."""
-    _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
-    singleton = (counts[inv] == 1).double().mean()
-    tokens = mask[:, 1:].sum(1).double()
-    live = (adv.abs() > 1e-6).double()
-    return torch.stack([singleton, (tokens * live).sum() / tokens.sum().clamp_min(1.0)])
+    other member in the batch, and the share of its loss tokens whose episode advantage, before
+    whitening, is non-zero."""
+    r = signal_rows(group, adv, mask)
+    return torch.stack([r[:, 0].mean(), r[:, 2].sum() / r[:, 1].sum().clamp_min(1.0)])
 
 
 def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
@@ -80,10 +93,47 @@ def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
     return [(seed * 1_000_003 + iteration * 1_009 + g * 7_919) % (2**31 - 1) for g in range(groups)]
 
 
+def check_world(cfg: Config, world: int) -> None:
+    """What several ranks need of the configuration, checked before anything is built."""
+    if world == 1:
+        return
+    a, r, e = cfg.algo, cfg.rollout, cfg.eval
+    groups = r.episodes // r.group_size
+    bad = []
+    if groups % world:
+        bad.append(f"rollout.episodes / rollout.group_size = {groups} groups must split evenly over {world} ranks")
+    if e.every and e.episodes % world:
+        bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
+    if a.mode != "on-policy" and a.capacity % world:
+        bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
+    if a.mode != "on-policy" and a.replay_unit != "trajectory":
+        bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
+                   "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
+    if bad:
+        raise ValueError(f"WORLD_SIZE={world}: " + "; ".join(bad))
+
+
+class _rank0_first:
+    """Rank 0 runs the block first (it may fill a cache), then the others (they read it)."""
+
+    def __init__(self, dist: Dist):
+        self.dist = dist
+
+    def __enter__(self):
+        if not self.dist.main:
+            self.dist.barrier()
+
+    def __exit__(self, *exc):
+        if self.dist.main and exc[0] is None:
+            self.dist.barrier()
+        return False
+
+
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.tracker_names = parse_trackers(cfg.train.log_to)
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dist: Dist = SINGLE):
+        self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
+        check_world(cfg, dist.world)
+        self.tracker_names = parse_trackers(cfg.train.log_to) if dist.main else []
         check_trackers(self.tracker_names)  # a missing extra stops the start, before a model is built
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
@@ -91,16 +141,46 @@ class Trainer:
         if cfg.train.deterministic:
             make_deterministic()
         self.device = pick_device(cfg)
-        self.model, self.tok, self.model_path = load_policy(cfg, self.device)
+        if self.device.type == "cuda" and dist.on:
+            self.device = torch.device("cuda", dist.local_rank)
+        with _rank0_first(dist):  # the tiny model's cache is written once
+            self.model, self.tok, self.model_path = load_policy(cfg, self.device)
         # Seeded after the model exists: building it on a cold cache, or loading it from a warm
         # one, must not decide the sampling streams, so a run is a function of (config, seed).
         seed_everything(cfg.train.seed)
         a, r = cfg.algo, cfg.rollout
         self.K = 0 if a.mode == "on-policy" else a.replay_updates
+        self.sft_losses: list[float] = []
+        if not resume:  # warm starts run on the whole model, identically on every rank, before sharding
+            if dist.main:
+                (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            if cfg.train.perception_steps:
+                with _rank0_first(dist):
+                    self._perception_warm_start()
+            if cfg.train.sft_steps:
+                log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
+                         "not the task) ...", cfg.train.sft_steps)
+            self.sft_losses = warm_start(self.model, self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
+                                         cfg.train.seed, r.max_new_tokens, r.max_len)
+            if self.sft_losses:
+                log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
+                         "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
+        gen_model, compute = self.model, None
+        if dist.on:
+            import copy
+
+            if r.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
+                gen_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            if self.model.dtype != torch.float32:  # float32 master shards, low-precision compute
+                compute = self.model.dtype
+                self.model.float()
         # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
         # steps advance the schedule too), or every optimizer step of the run.
         horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else 1 + self.K)
-        self.policy = Policy(self.model, cfg, self.device, total_steps=horizon)
+        self.policy = Policy(self.model, cfg, self.device, total_steps=horizon, dist=dist, compute_dtype=compute)
+        self.model = self.policy.model
+        if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
+            seed_everything(cfg.train.seed + 104_729 * dist.rank)
         self.phase = Phases()
         self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
         self.beta = linear_beta(a.beta, a.beta_end, steps=max(1, a.beta_steps))
@@ -110,35 +190,34 @@ class Trainer:
         self.insert = buffer_insert(a)
         self.updates_priorities = self.insert != "own" or (
             a.priority == "advantage" and a.replay_advantage == "recompute")
-        self.buffer = None
+        self.buffer = self.sampler = None
         self.iteration = self.env_steps = self.episodes = 0
-        self.sft_losses: list[float] = []
+        sampler_rng = None
         if resume:
             path = ckpt.latest(self.run_dir / "checkpoints")
-            state, self.buffer = ckpt.load(path, self.policy, self.device, self.beta)
+            state, self.buffer, sampler_rng = ckpt.load(path, self.policy, self.device, self.beta, dist)
             self._check_resumed_buffer()
             self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
             if self.drift is not None and state.get("drift"):
                 self.drift.load(state["drift"])
-            log.info("resumed from %s (iteration %d, %d env steps)", path, self.iteration, self.env_steps)
-        else:
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            if cfg.train.perception_steps:
-                self._perception_warm_start()
-            if cfg.train.sft_steps:
-                log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
-                         "not the task) ...", cfg.train.sft_steps)
-            self.sft_losses = self.policy.warm_start(self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
-                                                     cfg.train.seed, r.max_new_tokens, r.max_len)
-            if self.sft_losses:
-                log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
-                         "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
+            if state.get("world_size", 1) != dist.world:
+                # the ranks' sampling streams cannot continue the old ones: new ones, fixed by (seed, iteration)
+                seed_everything(cfg.train.seed + 104_729 * dist.rank + 15_485_863 * self.iteration)
+            log.info("resumed from %s (iteration %d, %d env steps, saved by %d rank(s), resumed by %d)", path,
+                     self.iteration, self.env_steps, state.get("world_size", 1), dist.world)
         if self.buffer is None and self.K > 0:
-            self.buffer = ReplayBuffer(a.capacity, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau, eps=a.eps,
-                                       eviction=a.eviction, device=self.device, seed=cfg.train.seed,
-                                       insert=self.insert)
-        self.engine = make_engine(r.engine, self.model, self.tok, cfg, self.device)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
+            self.buffer = ReplayBuffer(a.capacity // dist.world, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau,
+                                       eps=a.eps, eviction=a.eviction, device=self.device,
+                                       seed=cfg.train.seed + dist.rank, insert=self.insert)
+        if self.buffer is not None and dist.on:
+            self.sampler = DistributedSampler(self.buffer, seed=cfg.train.seed)
+            if sampler_rng is not None:
+                self.sampler.gen.set_state(sampler_rng)
+        self.engine = make_engine(r.engine, gen_model, self.tok, cfg, self.device)
+        if gen_model is not self.model:
+            self.engine.sync_weights(self.model)
+        self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
+                        if dist.main else None)
         self.resumed = resume
 
     def _check_resumed_buffer(self) -> None:
@@ -151,7 +230,7 @@ class Trainer:
         if self.buffer is None:
             return
         b = self.buffer
-        pairs = {"algo.capacity": (b.capacity, a.capacity), "algo.mode": (b.mode, a.mode),
+        pairs = {"algo.capacity": (b.capacity * self.dist.world, a.capacity), "algo.mode": (b.mode, a.mode),
                  "algo.alpha": (b.alpha, a.alpha), "algo.eps": (b.eps, a.eps),
                  "algo.eviction": (b.eviction, a.eviction), "algo.insert_priority": (b.insert, self.insert)}
         if not a.tau_auto:
@@ -175,8 +254,9 @@ class Trainer:
         acc = perception.probe_accuracy(self.model, self.tok, self._new_env)
         log.info("perception: held-out probe accuracy %.3f%s", acc,
                  f" (loss {losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "")
-        (self.run_dir / "perception.json").write_text(json.dumps({"steps": t.perception_steps,
-                                                                  "probe_accuracy": acc, "losses": losses}))
+        if self.dist.main:
+            (self.run_dir / "perception.json").write_text(json.dumps({"steps": t.perception_steps,
+                                                                      "probe_accuracy": acc, "losses": losses}))
 
     def _new_env(self):
         return make_env(self.cfg.env.name, **env_kwargs(self.cfg))
@@ -188,9 +268,20 @@ class Trainer:
                              mask=torch.ones_like(adv[:, None], dtype=torch.bool)).double()
 
     def _advantages(self, score, group, mask):
+        a, total = self.cfg.algo, self.dist.sum
+        adv = advantages(a.advantage, score, group, std=a.group_std, total=total)
+        return adv, shape(adv, mask, a.whiten, a.adv_clip, total=total)
+
+    def _shape(self, adv, mask):
         a = self.cfg.algo
-        adv = advantages(a.advantage, score, group, std=a.group_std)
-        return adv, shape(adv, mask, a.whiten, a.adv_clip)
+        return shape(adv, mask, a.whiten, a.adv_clip, total=self.dist.sum)
+
+    def _my_groups(self, it: int) -> tuple[list[int], int]:
+        """(initial states of this rank's groups this iteration, index of its first group)."""
+        r, d = self.cfg.rollout, self.dist
+        groups = r.episodes // r.group_size
+        share = groups // d.world
+        return group_seeds(self.cfg.train.seed, it, groups)[d.rank * share:(d.rank + 1) * share], d.rank * share
 
     def iteration_step(self) -> dict:
         cfg, it, P, dev = self.cfg, self.iteration, self.phase, self.device
@@ -200,14 +291,15 @@ class Trainer:
         if cfg.eval.every and it % cfg.eval.every == 0:  # before the rollout: iteration 0 is the untrained policy
             with P("eval"):
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
+        seeds, first = self._my_groups(it)
         with P("rollout"):
             self.engine.wake()
-            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), group_seeds(cfg.train.seed, it, groups),
+            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds,
                          r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P)
             self.engine.sleep()
         tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
         score, reward = ep.score.to(dev), ep.reward.to(dev)
-        group = (it * groups + ep.group).to(dev)  # unique across iterations, for replay recomputation
+        group = (it * groups + first + ep.group).to(dev)  # unique across iterations and ranks
         with P("logprob_recompute"):
             old_logp = self.policy.logprobs(tokens, mask)
         mismatch = (old_logp - elogp).abs().masked_fill(~mask, 0).max()
@@ -228,17 +320,18 @@ class Trainer:
         with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
         budget = cfg.train.env_step_budget
-        last = it + 1 == cfg.train.iterations or (budget and self.env_steps + ep.env_steps >= budget)
+        env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
+        last = it + 1 == cfg.train.iterations or (budget and self.env_steps + env_steps >= budget)
         if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
                 ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
-                          final_eval_env_steps=self.env_steps + ep.env_steps)
+                          final_eval_env_steps=self.env_steps + env_steps)
 
         self.iteration += 1
-        self.env_steps += ep.env_steps
-        self.episodes += len(ep)
-        return {
-            "iteration": it, "env_steps": self.env_steps, "episodes": self.episodes,
+        self.env_steps += env_steps
+        self.episodes += episodes
+        row = {
+            "iteration": it, "env_steps": self.env_steps, "episodes": self.episodes, "world_size": self.dist.world,
             "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
             "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
@@ -248,6 +341,7 @@ class Trainer:
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
+        return merge_rows(self.dist.objects(row)) if self.dist.on else row
 
     def _replay(self, it: int) -> dict:
         a, P = self.cfg.algo, self.phase
@@ -257,28 +351,36 @@ class Trainer:
             with P("sample"):
                 if a.replay_unit == "group":
                     b = self.buffer.sample_groups(a.replay_batch // self.cfg.rollout.group_size, step=it)
+                elif self.sampler is not None:  # this rank's share of the global draw
+                    b = self.sampler.sample(a.replay_batch, step=it)
                 else:
                     b = self.buffer.sample(a.replay_batch, step=it)
             with P("replay_update"):
                 if a.replay_advantage == "recompute":
                     adv, tok_adv = self._advantages(b.score, b.group, b.mask)
                 else:
-                    adv, tok_adv = b.adv, shape(b.adv, b.mask, a.whiten, a.adv_clip)
+                    adv, tok_adv = b.adv, self._shape(b.adv, b.mask)
                 st = self.policy.update(b.tokens, b.mask, b.old_logp, tok_adv, b.weights if a.is_weights else None,
                                         b.engine_logp)
+            # per replayed row, gathered over the ranks: what the batch-level statistics need
+            per_row = self.dist.cat(torch.cat([torch.stack([b.weights.double(), b.age.double(),
+                                                            st["row_kl"].double(), st["row_kl1"].double()], 1),
+                                               signal_rows(b.group, adv, b.mask)], 1))
+            w, age, kl = per_row[:, 0], per_row[:, 1], per_row[:, 2]
             if self.drift is not None:
-                self.drift.observe(b.age, st["row_kl"])
+                self.drift.observe(age, kl)
             # age bins 0, 1, 2-3, 4-7, ...: bin index = bit length of the age
-            k = torch.where(b.age > 0, torch.floor(torch.log2(b.age.double().clamp_min(1))) + 1, 0).long().clamp(max=31)
-            bins[0].index_add_(0, k, st["row_kl"].double())
-            bins[1].index_add_(0, k, torch.ones_like(k, dtype=torch.float64))
+            k = torch.where(age > 0, torch.floor(torch.log2(age.clamp_min(1))) + 1, 0).long().clamp(max=31)
+            bins[0].index_add_(0, k, kl)
+            bins[1].index_add_(0, k, torch.ones_like(kl))
             if self.updates_priorities:
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
-            age = b.age.double()
-            rows.append(torch.stack([b.ess_fraction, age.mean(), age.max(), st["row_kl"].double().mean(),
-                                     st["row_kl1"].double().mean(), *replay_signal(b.group, adv, b.mask)]).cpu())
-            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"], len(b)]
+            ess = w.sum() ** 2 / (w ** 2).sum() / w.numel()
+            sig = per_row[:, 4:]
+            rows.append(torch.stack([ess, age.mean(), age.max(), kl.mean(), per_row[:, 3].mean(), sig[:, 0].mean(),
+                                     sig[:, 2].sum() / sig[:, 1].sum().clamp_min(1.0)]).cpu())
+            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"], per_row.shape[0]]
         names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_kl_k1", "replay_singleton_frac",
                  "replay_adv_nonzero_frac", "replay_loss", "replay_clip_frac", "replay_ratio_mean", "replay_rows"]
         out = {n: sum(r[i] for r in rows) / len(rows) for i, n in enumerate(names)}
@@ -297,26 +399,31 @@ class Trainer:
         """Validation: `eval.episodes` fixed initial states (problems) no training iteration uses,
         `eval.samples` = k replies each at `eval.temperature` (0: greedy). eval_success is avg@k
         (the mean over all replies), eval_pass_at_k the share of states solved at least once.
-        Its sampling draws from a forked RNG, so evaluating does not change the training run."""
-        cfg = self.cfg
+        Its sampling draws from a forked RNG, so evaluating does not change the training run.
+        On several ranks each plays its share of the states; the figures are over all of them."""
+        cfg, d = self.cfg, self.dist
         r, e = cfg.rollout, cfg.eval
-        seeds = [EVAL_SEED_BASE + i for i in range(e.episodes)]
+        share = e.episodes // d.world
+        seeds = [EVAL_SEED_BASE + d.rank * share + i for i in range(share)]
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, e.samples, r.max_new_tokens,
                          r.max_len, Sampling(e.temperature, r.top_p, r.top_k))
             self.engine.sleep()
-        solved = ep.success.view(e.episodes, e.samples)
-        per_state = solved.double().mean(1)  # the states are the independent units of the interval
+        # (states, samples) per column: success, reward, valid share, context ended; all ranks' states
+        t = d.cat(torch.stack([ep.success.double(), ep.reward.double(), ep.valid_frac.double(),
+                               ep.context_ended.double()], 1).view(share, e.samples, 4))
+        solved, reward = t[..., 0], t[..., 1]
+        per_state = solved.mean(1)  # the states are the independent units of the interval
         half = lambda x: float(1.96 * x.std() / x.numel() ** 0.5) if x.numel() > 1 else float("nan")  # noqa: E731
-        return {"eval_success": float(ep.success.float().mean()), "eval_score": float(ep.reward.mean()),
-                "eval_success_ci95": half(per_state), "eval_score_ci95": half(ep.reward.view(e.episodes, -1)
-                                                                              .double().mean(1)),
-                "eval_pass_at_k": float(solved.any(1).float().mean()),
-                "eval_valid_action": float(ep.valid_frac.mean()),
-                "eval_context_ended": float(ep.context_ended.float().mean()),
-                **{f"eval_{k}": v for k, v in ep.extra.items()}}
+        extras = d.objects(ep.extra)  # equal shares: the mean of the ranks' means
+        return {"eval_success": float(solved.mean()), "eval_score": float(reward.mean()),
+                "eval_success_ci95": half(per_state), "eval_score_ci95": half(reward.mean(1)),
+                "eval_pass_at_k": float((solved > 0).any(1).double().mean()),
+                "eval_valid_action": float(t[..., 2].mean()),
+                "eval_context_ended": float(t[..., 3].mean()),
+                **{f"eval_{k}": sum(x[k] for x in extras) / len(extras) for k in ep.extra}}
 
     # ---------------------------------------------------------------------------------- run
     def save_checkpoint(self) -> Path:
@@ -324,7 +431,8 @@ class Trainer:
             return ckpt.save(self.run_dir / "checkpoints", self.iteration, self.policy, self.buffer,
                              {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path,
                               "drift": self.drift.state() if self.drift is not None else None},
-                             self.cfg.train.keep_checkpoints)
+                             self.cfg.train.keep_checkpoints, self.dist,
+                             self.sampler.gen.get_state() if self.sampler is not None else None)
 
     def run(self, iterations: int | None = None, on_iteration=None) -> list[dict]:
         """Train until `train.iterations` (or the env-step budget, or `iterations` more); returns this
@@ -333,10 +441,10 @@ class Trainer:
         checkpoint and returns (a second SIGINT aborts at once); `self.interrupted` says so."""
         import time
 
-        cfg = self.cfg
+        cfg, main = self.cfg, self.dist.main
         end = cfg.train.iterations if iterations is None else min(cfg.train.iterations, self.iteration + iterations)
         bar = None
-        if cfg.train.progress:
+        if cfg.train.progress and main:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.train.iterations, initial=self.iteration, desc=self.run_dir.name, dynamic_ncols=True)
@@ -353,14 +461,16 @@ class Trainer:
                 ctx = on_iteration(self.iteration) if on_iteration else nullcontext()
                 with ctx:
                     row = self.iteration_step()
-                self.metrics.write(row)
-                self.trackers.write(row)
+                if main:
+                    self.metrics.write(row)
+                    self.trackers.write(row)
                 rows.append(row)
+                self.interrupted = self.dist.flag(self.interrupted)  # a stop on any rank stops all, together
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}",
                                     env_steps=row["env_steps"])
-                if bar is None or row["iteration"] % every == 0 or "eval_success" in row:
+                if main and (bar is None or row["iteration"] % every == 0 or "eval_success" in row):
                     log.info("%s", progress_line(row))
                 if self.iteration % cfg.train.checkpoint_every == 0:
                     self.save_checkpoint()
@@ -368,17 +478,22 @@ class Trainer:
             bar.close()
         if rows and self.iteration % cfg.train.checkpoint_every:  # the end, if not just saved
             self.save_checkpoint()
-        try:
-            png = plot(self.run_dir)
-        except ValueError:
-            png = None
+        png = None
+        if main:
+            try:
+                png = plot(self.run_dir)
+            except ValueError:
+                pass
         if rows and not self.interrupted and (self.iteration >= cfg.train.iterations or (
                 cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget)):
             from .export import save_hf
 
-            final = save_hf(self.model, self.tok, self.run_dir / "final")
-            log.info("trained policy as a Hugging Face folder: %s", final)
-        if self.interrupted:
+            final = save_hf(self.model, self.tok, self.run_dir / "final", net=self.policy.net, dist=self.dist)
+            if main:
+                log.info("trained policy as a Hugging Face folder: %s", final)
+        if not main:
+            pass
+        elif self.interrupted:
             log.info("interrupted at iteration %d; resume with: freshper train --resume %s", self.iteration,
                      self.run_dir)
         elif rows:

@@ -22,6 +22,29 @@ class MetricsLog:
             f.flush()
 
 
+SUMMED = ("buffer_size", "gen_tokens")  # per-rank amounts: the run's is their sum
+SLOWEST = ("engine_trainer_logp_maxdiff", "weight_sync_s")  # and every time_* key: the slowest rank's
+
+
+def merge_rows(rows: list[dict]) -> dict:
+    """One metrics row from every rank's row of the same iteration: amounts summed, times and
+    worst cases the maximum, values all ranks agree on (global counters, losses, replay and
+    validation figures, computed over all ranks) kept, and the per-rank rollout means (equal
+    numbers of episodes on each rank) averaged."""
+    out = {}
+    for key, first in rows[0].items():
+        vals = [r.get(key, first) for r in rows]
+        if key in SUMMED:
+            out[key] = sum(vals)
+        elif not isinstance(first, (int, float)) or isinstance(first, bool) or all(v == first for v in vals):
+            out[key] = first
+        elif key in SLOWEST or key.startswith("time_"):
+            out[key] = max(vals)
+        else:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
 def read(path) -> list[dict]:
     path = Path(path)
     if path.is_dir():

@@ -164,7 +164,8 @@ def load_policy(cfg: Config, device: torch.device):
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn).to(device)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     log.info("model %s on %s, %s, attention: %s", path, device, str(dtype).removeprefix("torch."), attn)
     return model, tok, path
 

@@ -198,9 +198,25 @@ def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
         assert f"default {want[0]}" in env_line and f"default {want[1]}" in iters
 
 
-def test_torchrun_with_several_ranks_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+def test_profile_under_torchrun_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit) as e:
-        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs")])
+        main(["profile", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs"), "--iterations", "0:1"])
     assert e.value.code == 2 and "WORLD_SIZE=2" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cmd", ["compare", "chance", "export", "eval", "plot"])
+def test_one_process_commands_under_torchrun_are_refused(monkeypatch, capsys, cmd):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([cmd, "x"]) == 2 and "runs as one process" in capsys.readouterr().err
+
+
+def test_a_configuration_several_ranks_cannot_split_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "WORLD_SIZE=3" in err and "split evenly over 3 ranks" in err
     assert not (tmp_path / "runs").exists()

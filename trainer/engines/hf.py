@@ -1,6 +1,7 @@
 """Generation with transformers' `generate` on the training model itself.
 
-The engine holds the very module the optimizer updates, so weight sync is free. The recorded
+The engine holds the very module the optimizer updates, so weight sync is free; on several
+ranks, where that module is sharded, it holds a whole copy that sync_weights refreshes. The recorded
 log-probs are those of the sampling distribution after temperature, top-k and top-p (the
 processed scores of each step): the behaviour policy the replay ratio needs.
 """
@@ -63,7 +64,25 @@ class HFEngine(Engine):
             logprobs.append(logp[i, :n].tolist())
         return Generation(token_ids, logprobs)
 
+    @torch.no_grad()
     def sync_weights(self, model) -> float:
-        if model is not self.model:
-            raise ValueError("HFEngine generates with the training model itself; pass that model")
-        return 0.0
+        """Free when the engine holds the training model itself (one process). On several ranks
+        it holds a whole copy (the training model is sharded): each tensor is gathered in turn
+        and copied in (a collective: every rank calls this)."""
+        import time
+
+        if model is self.model:
+            return 0.0
+        from ..sharding import full_tensors
+
+        t0 = time.perf_counter()
+        own = self.model.state_dict()
+        names = set()
+        for name, t in full_tensors(model):
+            if name not in own:
+                raise ValueError(f"HFEngine.sync_weights: {name!r} is not in the engine's model")
+            own[name].copy_(t)
+            names.add(name)
+        if names != set(own):
+            raise ValueError(f"HFEngine.sync_weights: the training model lacks {sorted(set(own) - names)[:3]}")
+        return time.perf_counter() - t0

@@ -17,6 +17,8 @@
   a resumed run draws the same responses.
 - Log-probs are those of the sampling distribution (`logprobs_mode="processed_logprobs"`), the
   behaviour policy the replay update's ratio needs.
+- Under torchrun each rank runs its own engine (tensor parallel 1) through vLLM's external-launcher
+  backend, and the weight sync gathers the FSDP shards one tensor at a time as vLLM loads them.
 """
 from __future__ import annotations
 
@@ -130,6 +132,13 @@ class VLLMEngine(Engine):
         if self.cuda:
             kwargs.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                           enable_sleep_mode=cfg.rollout.vllm_sleep)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            # Under torchrun: one engine per rank on its own GPU (tensor parallel 1), joined to the
+            # trainer's process group as vLLM's "external launcher" does, each with its own seed.
+            rank = int(os.environ.get("RANK", "0"))
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
+                          seed=cfg.train.seed + 104_729 * rank)
         t0 = time.perf_counter()
         with _llvmlite_hidden_from_vllm_scan():
             self.llm = vllm.LLM(**kwargs)
@@ -167,10 +176,12 @@ class VLLMEngine(Engine):
         t0 = time.perf_counter()
         if "weights" in self.asleep:
             self._wake(["weights"])
-        state = model.state_dict()
+        from ..sharding import full_tensors
+
         tied = getattr(model.config, "tie_word_embeddings", False)
-        weights = [(n, t.detach()) for n, t in state.items() if not (tied and n == "lm_head.weight")]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        # one tensor at a time: under FSDP each is gathered from the shards as vLLM asks for it
+        weights = full_tensors(model, skip=("lm_head.weight",) if tied else ())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if tied:
             self.llm.apply_model(_retie_lm_head)
         # Cached KV (and encoder outputs) were computed by the old weights.

@@ -1,0 +1,127 @@
+"""The trainer's view of its process group: who it is, where it runs, and the few collectives
+the loop needs. One process (no torchrun) is a group of one, where every collective returns
+its input, so the loop reads the same with one rank or many.
+
+Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) `init` joins the default group: NCCL with one
+GPU per local rank, gloo on CPU (the CI tests run two gloo ranks). Rank 0 owns the run folder:
+it alone writes config, metrics, logs, trackers, plots and the exported model.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    backend: str = ""  # "" for a single process
+
+    @property
+    def main(self) -> bool:
+        """Whether this rank writes the run folder."""
+        return self.rank == 0
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t.cuda() if self.backend == "nccl" else t.cpu()
+
+    def _reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        if not self.on:
+            return t
+        x = self._dev(t.clone())
+        dist.all_reduce(x, op=op)
+        return x.to(t.device)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks, on `t`'s device."""
+        return self._reduce(t, dist.ReduceOp.SUM)
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum over ranks, on `t`'s device."""
+        return self._reduce(t, dist.ReduceOp.MAX)
+
+    def cat(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t` (rows may differ in number; trailing shape equal) concatenated in rank
+        order, on `t`'s device. Small tensors only (per-row statistics): it goes through pickling."""
+        if not self.on:
+            return t
+        parts = self.objects(t.detach().cpu())
+        return torch.cat(parts).to(t.device)
+
+    def objects(self, obj) -> list:
+        """[obj of rank 0, obj of rank 1, ...] on every rank."""
+        if not self.on:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def flag(self, value: bool) -> bool:
+        """True on every rank if it is True on any (a stop request must reach all ranks at once,
+        or the ones that stop leave the others waiting in a collective)."""
+        return bool(self.max(torch.tensor([int(value)]))[0]) if self.on else value
+
+    def barrier(self) -> None:
+        if self.on:
+            dist.barrier()
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if not self.on:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+SINGLE = Dist()
+
+
+def from_env() -> Dist:
+    """This process's place as torchrun describes it (RANK, WORLD_SIZE, LOCAL_RANK), or a
+    single process; does not join a group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return SINGLE
+    return Dist(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init(device: str = "auto", timeout_min: float = 30.0) -> Dist:
+    """Join torchrun's default process group (once), NCCL if this rank uses a GPU, else gloo.
+    `device` is train.device ('auto' | 'cuda' | 'cpu'). A single process joins nothing."""
+    d = from_env()
+    if not d.on:
+        return d
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(d.local_rank)
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_min))
+    d.backend = dist.get_backend()
+    return d
+
+
+def close(d: Dist) -> None:
+    """Leave the group. A colocated vLLM made sub-groups of it: they go first, or vLLM's own
+    clean-up at exit finds their parent gone and fails."""
+    import sys
+
+    if not (d.on and dist.is_initialized()):
+        return
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is not None:
+        state.destroy_model_parallel()
+        state.destroy_distributed_environment()
+    if dist.is_initialized():
+        dist.destroy_process_group()
