@@ -25,7 +25,16 @@ What it adds to GRPO (TRL 1.x):
   buffer (`replay_fill_zero_variance`), with their stored advantages and log-probs.
 - Diagnostics in TRL's logs: replay/loss, replay/clip_frac, replay/age_mean, replay/age_max,
   replay/is_ess, replay/buffer_size. The buffer is saved in each checkpoint and restored on resume.
-Single process (one device); the buffer is not sharded across ranks yet.
+- Several processes (`accelerate launch`, torchrun): each rank keeps the completions it generated
+  in its own buffer (`replay_capacity` per process) and a replay batch of `replay_batch_size`
+  per process is drawn from the one global FreshPER distribution over all ranks' buffers
+  (freshper.distributed.DistributedSampler), so a rank may hold more or fewer rows than its
+  share. Each rank's loss is weighted by its share of the batch's rows or tokens (as loss_type
+  counts them) times the number of processes, so the gradient that DDP / FSDP average equals the
+  one-process gradient on the whole batch; a rank that drew no row runs a zero-weighted row, as
+  every rank must join each backward. Checkpoints hold every rank's buffer; a resume on another
+  number of processes redeals them (freshper.distributed.reshard). `replay_fill_zero_variance`
+  draws from the rank's own buffer.
 """
 from __future__ import annotations
 
@@ -40,7 +49,7 @@ from freshper import ReplayBuffer
 from freshper.kernels import policy_loss
 from freshper.kernels.policy_loss import aggregate
 
-_BUFFER_FILE = "freshper_buffer.safetensors"
+_BUFFER_FILE = "freshper_buffer.safetensors"  # one process; rank r of several: freshper_buffer_rank{r}.safetensors
 # TRL loss_type -> (freshper aggregation, divide by max_completion_length): the clipped losses
 REPLAY_AGG = {"grpo": ("seq-mean-token-mean", False), "bnpo": ("token-mean", False),
               "dapo": ("token-mean", False), "dr_grpo": ("seq-mean-token-sum", True)}
@@ -144,6 +153,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
                                           beta=a.replay_beta, tau=a.replay_tau, eps=a.replay_eps,
                                           device=self.accelerator.device, seed=a.replay_seed)
         self._rewards = None
+        self._sampler = None  # the global draw over every rank's buffer, made at the first replay step
         self.add_callback(_ReplayAfterStep(self))
 
     # ------------------------------------------------------------------------- storing
@@ -203,9 +213,9 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     # --------------------------------------------------------------------------- replay
-    def _replay_batch(self, n: int):
+    def _replay_batch(self, n: int, batch=None):
         """A sampled batch trimmed to its own widths: (ids, attention mask, completion width, batch)."""
-        b = self.replay_buffer.sample(n, step=self.state.global_step)
+        b = batch if batch is not None else self.replay_buffer.sample(n, step=self.state.global_step)
         p_keep = b.prompt_mask.bool().any(0).nonzero()
         p0 = int(p_keep.min()) if p_keep.numel() else b.prompt_ids.size(1) - 1
         c1 = max(1, int(b.completion_mask.sum(1).max()))
@@ -218,7 +228,8 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         as `loss_type` aggregates TRL's, with its KL term when beta > 0."""
         a = self.args
         agg, per_length = REPLAY_AGG[a.loss_type]
-        logps = self._get_per_token_logps_and_entropies(self.model, ids, att, c1, ids.size(0))[0]
+        # the wrapped model (DDP / FSDP under several processes): its backward reduces the gradients
+        logps = self._get_per_token_logps_and_entropies(self.model_wrapped, ids, att, c1, ids.size(0))[0]
         weights = b.weights.float() if a.replay_is_weights else None
         mask = b.completion_mask[:, :c1].bool()
         old = b.logp[:, :c1]
@@ -239,6 +250,33 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             loss = loss * mask.any(1).sum() / (mask.size(0) * a.max_completion_length)
         return loss, stats
 
+    def replay_share(self, mask: torch.Tensor) -> torch.Tensor:
+        """What `loss_type` divides a batch's summed token losses by, for the rows of `mask` (B, T):
+        tokens (bnpo, dapo), rows with a token (grpo), rows (dr_grpo, whose sum is over rows x
+        max_completion_length). A 0-d float tensor."""
+        agg, per_length = REPLAY_AGG[self.args.loss_type]
+        if agg == "token-mean":
+            return mask.sum().float()
+        return torch.tensor(float(mask.size(0)), device=mask.device) if per_length else mask.any(1).sum().float()
+
+    def _sharded_batch(self, n: int):
+        """(ids, att, c1, batch, weight) of this rank's rows of a global draw of n x processes, and
+        the weight that makes the ranks' averaged gradients the whole batch's (0 for a stand-in
+        row where this rank drew none)."""
+        from freshper.distributed import DistributedSampler
+
+        world = self.accelerator.num_processes
+        if self._sampler is None or self._sampler.buffer is not self.replay_buffer:
+            self._sampler = DistributedSampler(self.replay_buffer, seed=self.args.replay_seed)
+        b = self._sampler.sample(n * world, step=self.state.global_step)
+        real = len(b) > 0
+        if not real:  # every rank joins each backward: one row of its own, weighted 0
+            b = self.replay_buffer.sample(1, step=self.state.global_step)
+        ids, att, c1, b = self._replay_batch(n, batch=b)
+        mine = self.replay_share(b.completion_mask[:, :c1].bool()) if real else torch.zeros((), device=ids.device)
+        total = self.accelerator.reduce(mine.clone(), reduction="sum")
+        return ids, att, c1, b, mine * world / total.clamp_min(1.0)
+
     def replay_steps(self) -> None:
         """`replay_updates` optimizer steps on replayed batches; called after each optimizer step."""
         a = self.args
@@ -247,8 +285,13 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         n = a.replay_batch_size or a.per_device_train_batch_size
         self.model.train()
         for _ in range(a.replay_updates):
-            ids, att, c1, b = self._replay_batch(n)
+            if self.accelerator.num_processes > 1:
+                ids, att, c1, b, weight = self._sharded_batch(n)
+            else:
+                (ids, att, c1, b), weight = self._replay_batch(n), None
             loss, stats = self.replay_loss(ids, att, c1, b)
+            if weight is not None:
+                loss = loss * weight
             self.accelerator.backward(loss)
             if a.max_grad_norm:
                 self.accelerator.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
@@ -297,12 +340,35 @@ class FreshPERGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------ checkpoint
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            self.replay_buffer.save(os.path.join(folder, _BUFFER_FILE))
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.accelerator.num_processes == 1:
+            if self.args.should_save:
+                self.replay_buffer.save(os.path.join(folder, _BUFFER_FILE))
+            return
+        os.makedirs(folder, exist_ok=True)  # each rank writes its own shard
+        self.replay_buffer.save(os.path.join(folder, f"freshper_buffer_rank{self.accelerator.process_index}"
+                                                     ".safetensors"))
+        self.accelerator.wait_for_everyone()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and os.path.exists(os.path.join(checkpoint, _BUFFER_FILE)):
-            self.replay_buffer = ReplayBuffer.load(os.path.join(checkpoint, _BUFFER_FILE),
-                                                   device=self.accelerator.device)
+        if checkpoint is None:
+            return
+        import glob
+
+        world, rank, dev = self.accelerator.num_processes, self.accelerator.process_index, self.accelerator.device
+        shards = sorted(glob.glob(os.path.join(checkpoint, "freshper_buffer_rank*.safetensors")),
+                        key=lambda f: int(f.rsplit("rank", 1)[1].split(".")[0]))
+        files = shards or [f for f in [os.path.join(checkpoint, _BUFFER_FILE)] if os.path.exists(f)]
+        if not files:
+            return
+        if len(files) == world:
+            self.replay_buffer = ReplayBuffer.load(files[rank], device=dev)
+            return
+        # saved by another number of processes: the shards redealt, replay_capacity each
+        from freshper.checkpoint import read_safetensors
+        from freshper.distributed import reshard
+
+        states = [dict(zip(("tensors", "meta"), read_safetensors(f))) for f in files]
+        mine = reshard(states, world, capacity=self.args.replay_capacity)[rank]
+        self.replay_buffer = ReplayBuffer.from_state(mine, device=dev)

@@ -10,18 +10,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from freshper.integrations.trl import FreshPERGRPOConfig, FreshPERGRPOTrainer  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    import os
-
-    from freshper.trainer import config
-    from freshper.trainer.model import build_tiny
-
-    os.environ.setdefault("FRESHPER_CACHE", str(tmp_path_factory.mktemp("cache")))
-    cfg = config.load("math-cpu", None, {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 300})
-    return str(build_tiny(cfg))
-
-
 def length_reward(completions, **kw):
     return [len(c) / 10.0 for c in completions]
 

@@ -7,7 +7,7 @@ trl = pytest.importorskip("trl")
 
 from freshper.integrations.trl import FreshPERGRPOConfig, FreshPERGRPOTrainer  # noqa: E402
 
-from .test_trl_integration import length_reward, make, tiny_model_dir  # noqa: E402, F401
+from .test_trl_integration import length_reward, make  # noqa: E402
 
 
 def test_no_args_gives_the_replay_defaults(tmp_path, tiny_model_dir, monkeypatch):  # noqa: F811
