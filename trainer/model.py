@@ -41,7 +41,7 @@ def env_kwargs(cfg: Config) -> dict:
     if e.name == "search":
         return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
-                "max_searches": e.max_searches}
+                "max_searches": e.max_searches, "retriever": e.retriever}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
     kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else
               {"p": e.p_frozen, "prompts": e.prompts})

@@ -61,6 +61,16 @@ def test_retriever_finds_the_entity_and_caches_its_index(tmp_path):
     assert r.search(["x" * 10 * MAX_QUERY_CHARS])[0] is not None  # a very long query is cut, not an error
 
 
+def test_a_batch_of_queries_finds_what_each_finds_alone(tmp_path):
+    passages, train, _ = generated_kb(0)
+    r = Retriever(passages)
+    queries = [q for q, _ in train[:20]] + ["the a an", train[3][0]]
+    batch = r.search(queries, k=3)
+    alone = [r.search([q], k=3)[0] for q in queries]
+    assert [[h["id"] for h in b] for b in batch] == [[h["id"] for h in a] for a in alone]
+    assert batch[20] == [] and all(batch[i] for i in range(20))
+
+
 @pytest.mark.parametrize("text,needle", [("", "holds no passages"), ("{bad json\n", "line 1 is not JSON"),
                                          ('{"id": 1, "title": "t"}\n', "line 1 needs a 'text' field")])
 def test_malformed_corpora_are_named(tmp_path, text, needle):

@@ -94,6 +94,7 @@ INVALID = {
     "train.perception_steps": "-1",
     "train.perception_lr": "2",
     "env.corpus": "/nonexistent/corpus.jsonl",
+    "env.retriever": "e5:/nonexistent",
     "env.top_k": "0",
     "env.max_searches": "-1",
 }

@@ -24,22 +24,21 @@ Data:
 - `data` a local file in Search-R1's parquet format (`question`, `golden_answers`) or any columns
   named by question_key / answer_key (a list of answers or one), with `corpus` a jsonl of
   {id, title, text} passages; the BM25 index is built once and cached next to the corpus.
+- `retriever`: bm25 (default), e5:DIR (dense, FAISS) or the URL of a retrieval service
+  (trainer/envs/retrieval.py).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import random
 import re
 import string
 from collections import Counter
-from pathlib import Path
 
 from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
+from .retrieval import MAX_QUERY_CHARS, Retriever, make_retriever, read_corpus  # noqa: F401  (the env's API)
 
 MAX_TURNS, MAX_SEARCHES, TOP_K = 10, 5, 3  # the paper's code's nq_search defaults
-MAX_QUERY_CHARS = 300  # a longer query is cut before retrieval (defined behaviour, not an error)
 MAX_PASSAGE_WORDS = 60  # each retrieved passage, in words: bounds the growth of the context
 SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -93,73 +92,6 @@ def f1(prediction, golds) -> float:
         return 0.0
 
 
-# ------------------------------------------------------------------------------- the corpus
-def read_corpus(path) -> list[dict]:
-    """Passages {id, title, text} from a jsonl file; ValueError naming the file and line."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ValueError(f"env.corpus: {path} is not a file (a jsonl of {{id, title, text}} passages)")
-    out = []
-    with p.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"env.corpus: {path} line {n} is not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or "text" not in row:
-                raise ValueError(f"env.corpus: {path} line {n} needs a 'text' field (and 'id', 'title')")
-            out.append({"id": str(row.get("id", n)), "title": str(row.get("title", "")), "text": str(row["text"])})
-    if not out:
-        raise ValueError(f"env.corpus: {path} holds no passages")
-    return out
-
-
-class Retriever:
-    """BM25 (bm25s) over passages; `search(queries, k)` -> per query the top-k passages."""
-
-    def __init__(self, passages: list[dict], index_dir: Path | None = None):
-        import bm25s
-
-        if not passages:
-            raise ValueError("the corpus holds no passages")
-        self.passages = passages
-        texts = [f"{p['title']} {p['text']}" for p in passages]
-        if index_dir is not None and (index_dir / "params.index.json").exists():
-            self.bm25 = bm25s.BM25.load(str(index_dir))
-        else:
-            self.bm25 = bm25s.BM25()
-            self.bm25.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
-            if index_dir is not None:
-                self.bm25.save(str(index_dir))
-
-    @classmethod
-    def from_jsonl(cls, path) -> "Retriever":
-        """The index is cached beside the corpus, keyed by the file's size and modification time."""
-        p = Path(path).expanduser()
-        passages = read_corpus(p)
-        stat = p.stat()
-        key = hashlib.sha1(f"{stat.st_size}-{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-        return cls(passages, p.with_name(f"{p.name}.bm25s-{key}"))
-
-    def search(self, queries: list[str], k: int = TOP_K) -> list[list[dict]]:
-        import bm25s
-
-        k = min(k, len(self.passages))
-        qs = [q[:MAX_QUERY_CHARS] for q in queries]
-        tokens = bm25s.tokenize(qs, stopwords="en", show_progress=False)
-        out = []
-        for row, q in enumerate(tokens.ids):
-            if not q:  # nothing searchable (stop words only): no results, as an empty search engine answer
-                out.append([])
-                continue
-            one = bm25s.tokenization.Tokenized(ids=[q], vocab=tokens.vocab)
-            docs, scores = self.bm25.retrieve(one, k=k, show_progress=False)
-            out.append([self.passages[int(i)] for i, s in zip(docs[0], scores[0]) if s > 0])
-        return out
-
-
 def format_results(passages: list[dict]) -> str:
     """The <information> message: 'Doc i(Title: t) text' lines, as the paper's code prints them."""
     if not passages:
@@ -209,10 +141,8 @@ def generated_kb(seed: int = 0, entities: int = 200) -> tuple[list[dict], list[t
 
 
 @functools.lru_cache(maxsize=4)
-def _retriever(corpus: str, seed: int) -> Retriever:
-    if corpus:
-        return Retriever.from_jsonl(corpus)
-    return Retriever(generated_kb(seed)[0])
+def _retriever(spec: str, corpus: str, seed: int):
+    return make_retriever(spec, corpus, None if corpus else generated_kb(seed)[0])
 
 
 @register
@@ -222,14 +152,15 @@ class Search(QuestionEnv):
 
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
                  eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",
-                 corpus: str = "", top_k: int = TOP_K, max_searches: int = MAX_SEARCHES, kb_seed: int = 0):
+                 corpus: str = "", top_k: int = TOP_K, max_searches: int = MAX_SEARCHES, kb_seed: int = 0,
+                 retriever: str = "bm25"):
         super().__init__(max_turns, format_penalty)
         if top_k < 1 or max_searches < 0:
             raise ValueError(f"top_k must be >= 1 and max_searches >= 0, got {top_k}, {max_searches}")
         if data and not corpus:
             raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
         self.top_k, self.max_searches = top_k, max_searches
-        self.retriever = _retriever(corpus, kb_seed)
+        self.retriever = _retriever(retriever, corpus, kb_seed)
         if data:
             from .math import load_problems
 
@@ -257,6 +188,8 @@ class Search(QuestionEnv):
         words = self.question.rstrip("?").split() or ["?"]
         if rng.random() < 0.5:
             return f"<search>{' '.join(rng.sample(words, min(len(words), 2)))}</search>"
+        if not self.retriever.passages:  # a remote service: no corpus here to copy from
+            return f"<answer>{rng.choice(words)}</answer>"
         p = rng.choice(self.retriever.passages)
         return f"<answer>{rng.choice(p['text'].rstrip('.').split())}</answer>"
 
