@@ -52,16 +52,18 @@ class PolicyNet(nn.Module):
         # flash-attention 2 in transformers. sdpa and eager would attend across packed rows.
         self.packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
 
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, fn: Callable):
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, fn: Callable, **vision):
         """tokens (R, n) int64, lengths (R,) valid tokens per row; returns fn(hidden (R, n - 1, H)
-        at the positions that predict tokens 1..n-1, head weight (V, H))."""
+        at the positions that predict tokens 1..n-1, head weight (V, H)). `vision`: a VLM's
+        pixel_values, image_grid_thw and mm_token_type_ids for these rows (trainer/vision.py);
+        rows with images run padded, not packed."""
         decoder, head = _parts(self.model)
-        if self.packed:
+        if self.packed and not vision:
             ids, pos, keep = pack(tokens, lengths)
             hidden = unpack(decoder(input_ids=ids, position_ids=pos).last_hidden_state, keep)
         else:
             attn = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]
-            hidden = decoder(input_ids=tokens, attention_mask=attn.long()).last_hidden_state
+            hidden = decoder(input_ids=tokens, attention_mask=attn.long(), **vision).last_hidden_state
         return fn(hidden[:, :-1], head)
 
 

@@ -23,7 +23,10 @@ class HFEngine(Engine):
         self.stops = stop_token_ids(tokenizer)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
+                 images: list | None = None) -> Generation:
+        """`images`: for a VLM, one trainer.vision.VisionInputs per prompt (its pixels and grids;
+        the prompt's ids already hold the image placeholders)."""
         if not prompts:
             return Generation([], [])
         device = next(self.model.parameters()).device
@@ -41,10 +44,22 @@ class HFEngine(Engine):
         s = sampling
         kw = dict(do_sample=False) if s.greedy else dict(do_sample=True, temperature=s.temperature, top_k=s.top_k,
                                                           top_p=s.top_p)
+        if images:  # a reply holding an image placeholder would claim image features it has none of
+            from ..vision import VISION_SPECIALS
+
+            kw["suppress_tokens"] = [i for i in self.tok.convert_tokens_to_ids(VISION_SPECIALS)
+                                     if i is not None and i != self.tok.unk_token_id]
         gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=self.stops, pad_token_id=pad, output_scores=True,
                                    return_dict_in_generate=True)
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg)
+        vision = {}
+        if images:
+            # M-RoPE numbers image tokens by mm_token_type_ids; without it generate treats them as text
+            vision = {"pixel_values": torch.cat([v.pixel_values for v in images]).to(device),
+                      "image_grid_thw": torch.cat([v.image_grid_thw for v in images]).to(device),
+                      "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
+        out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
+                                  **vision)
         self.model.train(was_training)
         new_dev = out.sequences[:, width:]
         # One step at a time on the device, keeping only the sampled token's log-prob: never a

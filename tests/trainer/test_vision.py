@@ -1,0 +1,108 @@
+"""Vision-language building blocks on CPU: a tiny Qwen2-VL built offline, boards drawn as
+pictures, prompts expanded with image placeholders, and the proof that images, placeholders and
+M-RoPE positions reach the training forward exactly as they reached generation."""
+import random
+
+import pytest
+import torch
+
+from freshper.trainer.engines.base import Sampling
+from freshper.trainer.engines.hf import HFEngine
+from freshper.trainer.envs.frozenlake import FrozenLake
+from freshper.trainer.vision import VISION_SPECIALS, build_tiny_vl, draw_board, expand, image_processor
+
+FULL = Sampling(1.0, 1.0, 0)  # unprocessed sampling: the engine's log-probs are the model's
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    env = FrozenLake()
+    rng = random.Random(0)
+    texts = []
+    for s in range(40):
+        env.reset(s)
+        texts += [env.render(), env.random_reply(rng), "Choose your action. The board:"]
+    path = build_tiny_vl(tmp_path_factory.mktemp("vl") / "tiny-vl", texts)
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path), image_processor(path)
+
+
+def boards(n):
+    env = FrozenLake()
+    out = []
+    for s in range(n):
+        env.reset(100 + s)
+        out.append(env.render().splitlines())
+    return out
+
+
+def test_a_board_is_drawn_cell_by_cell():
+    rows = ["P_O", "__G"]
+    img = draw_board(rows, cell=10)
+    assert img.size == (30, 20)
+    assert img.getpixel((5, 5)) == (220, 40, 40) and img.getpixel((25, 5)) == (20, 40, 120)
+    assert img.getpixel((25, 15)) == (40, 170, 60)
+    with pytest.raises(ValueError, match="unknown symbol 'Z' at row 0, column 1"):
+        draw_board(["PZ"])
+
+
+def test_prompts_get_one_placeholder_per_merged_patch(vl):
+    _, tok, proc = vl
+    img = draw_board(boards(1)[0])  # 64 x 64 pixels
+    v = expand(tok, proc, ["<|im_start|>user\n", "Choose your action.<|im_end|>\n"], [img])
+    assert v.image_grid_thw.tolist() == [[1, 4, 4]] and v.pixel_values.shape == (16, 1176)
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert v.input_ids.count(pad) == 4, "16 patches merged 2 x 2"
+    i = v.input_ids.index(pad)
+    assert v.input_ids[i - 1] == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert v.input_ids[i + 4] == tok.convert_tokens_to_ids("<|vision_end|>")
+
+
+def test_images_that_cannot_be_used_are_named(vl):
+    from PIL import Image
+
+    _, tok, proc = vl
+    with pytest.raises(ValueError, match="image 0 is a str, not a PIL image"):
+        expand(tok, proc, ["a", "b"], ["board.png"])
+    with pytest.raises(ValueError, match="over 64 x the processor's max_pixels"):
+        expand(tok, proc, ["a", "b"], [Image.new("RGB", (4000, 4000))])
+    with pytest.raises(ValueError, match="one more part than images"):
+        expand(tok, proc, ["a"], [Image.new("RGB", (32, 32))])
+
+
+def test_generation_and_the_training_forward_agree_on_image_prompts(vl):
+    """Two prompts of different lengths (left-padded in generation, right-padded in training),
+    each with its own board: the engine's log-probs of the tokens it sampled equal the training
+    forward's (PolicyNet, as the update runs it) to float32 rounding."""
+    from freshper.trainer.sharding import PolicyNet
+
+    model, tok, proc = vl
+    ins = [expand(tok, proc, ["<|im_start|>user\n" + "Look. " * k, "Choose your action.<|im_end|>\n"
+                              "<|im_start|>assistant\n"], [draw_board(b)]) for k, b in zip((0, 3), boards(2))]
+    torch.manual_seed(1)
+    gen = HFEngine(model, tok).generate([v.input_ids for v in ins], 8, FULL, images=ins)
+    rows = [v.input_ids + g for v, g in zip(ins, gen.token_ids)]
+    L = max(map(len, rows))
+    tokens = torch.full((2, L), tok.pad_token_id)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = torch.tensor(r)
+    lengths = torch.tensor([len(r) for r in rows])
+    vision = {"pixel_values": torch.cat([v.pixel_values for v in ins]),
+              "image_grid_thw": torch.cat([v.image_grid_thw for v in ins]),
+              "mm_token_type_ids": ins[0].mm_token_type_ids(tokens)}
+    with torch.no_grad():
+        hidden = PolicyNet(model)(tokens, lengths, lambda h, w: (h, w), **vision)
+    h, w = hidden
+    # the engine never samples the vision special tokens (a reply's placeholder would claim image
+    # features): its distribution is the model's with those columns removed
+    banned = tok.convert_tokens_to_ids(VISION_SPECIALS)
+    for i, (v, g, lp) in enumerate(zip(ins, gen.token_ids, gen.logprobs)):
+        n = len(v.input_ids)
+        logits = (h[i, n - 1:n - 1 + len(g)] @ w.T).float()
+        logits[:, banned] = -torch.inf
+        got = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g)[:, None])[:, 0]
+        assert len(g) > 0 and not set(g) & set(banned)
+        torch.testing.assert_close(got, torch.tensor(lp), atol=1e-5, rtol=0)
