@@ -18,6 +18,8 @@ ESTIMATORS = ("reinforce", "reinforce++", "grpo")
 
 
 def _group_normalise(r: torch.Tensor, group: torch.Tensor, eps: float, std: str = "population") -> torch.Tensor:
+    if r.numel() == 0:  # a rank that drew no replay rows
+        return r.clone()
     _, inv = torch.unique(group, return_inverse=True)
     n = torch.zeros(int(inv.max()) + 1, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
     mean = torch.zeros_like(n).index_add_(0, inv, r) / n

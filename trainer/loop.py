@@ -373,7 +373,7 @@ class Trainer:
             k = torch.where(age > 0, torch.floor(torch.log2(age.clamp_min(1))) + 1, 0).long().clamp(max=31)
             bins[0].index_add_(0, k, kl)
             bins[1].index_add_(0, k, torch.ones_like(kl))
-            if self.updates_priorities:
+            if self.updates_priorities and len(b):  # on several ranks a rank may draw no row
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
             ess = w.sum() ** 2 / (w ** 2).sum() / w.numel()

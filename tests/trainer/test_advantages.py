@@ -72,3 +72,10 @@ def test_a_batch_of_equal_returns_has_exactly_zero_advantage_even_after_whitenin
     a = advantages(kind, r, g[:len(r)], std=std)
     assert (a == 0).all()
     assert (shape(a, torch.ones(len(r), 4, dtype=torch.bool), whiten=True, clip=5.0) == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["grpo", "reinforce", "reinforce++"])
+def test_no_rows_give_no_advantages(kind):
+    """A rank of several may draw no replay rows: its (empty) advantages are still well defined."""
+    a = advantages(kind, torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert a.shape == (0,)

@@ -200,3 +200,11 @@ def test_two_ranks_with_one_vllm_engine_each_generate_with_the_trained_weights(t
                  "--rollout.episodes", "8", "--algo.advantage", "reinforce++", "--algo.lr", "1e-3")
     assert all(r["grad_norm"] > 0 for r in rows), "the premise: every update changes the weights"
     assert all(r["engine_trainer_logp_maxdiff"] < 1e-4 for r in rows), [r["engine_trainer_logp_maxdiff"] for r in rows]
+
+
+def test_a_rank_that_draws_no_replay_row_still_takes_part(tmp_path):
+    """A replay batch of one row: every step one rank draws nothing, runs stand-in micro-batches,
+    recomputes no advantage and updates no priority, and the run goes on."""
+    rows = train(tmp_path, "lopsided", 2, *TINY, "--algo.mode", "freshper", "--algo.replay_batch", "1",
+                 "--algo.replay_advantage", "recompute", "--train.iterations", "3")
+    assert [r["replay_rows"] for r in rows] == [1, 1, 1] and all(r["world_size"] == 2 for r in rows)
