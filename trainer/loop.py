@@ -169,6 +169,9 @@ class Trainer:
         if dist.on:
             import copy
 
+            from .sharding import broadcast_weights
+
+            broadcast_weights(self.model)
             if r.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
                 gen_model = copy.deepcopy(self.model).eval().requires_grad_(False)
             if self.model.dtype != torch.float32:  # float32 master shards, low-precision compute

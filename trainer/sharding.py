@@ -99,10 +99,14 @@ def shard(net: PolicyNet, dtype: torch.dtype | None, mesh=None) -> PolicyNet:
     return net
 
 
-def is_sharded(net: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+@torch.no_grad()
+def broadcast_weights(model: nn.Module) -> None:
+    """Rank 0's weights on every rank, before sharding: fully_shard keeps each rank's own copy
+    of its shard, and a warm start on GPUs need not end bit-identical on every rank."""
+    import torch.distributed as dist
 
-    return isinstance(net, FSDPModule)
+    for t in model.state_dict().values():
+        dist.broadcast(t, src=0)
 
 
 def full_tensors(model: nn.Module, skip=()):

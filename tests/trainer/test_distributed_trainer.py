@@ -208,3 +208,26 @@ def test_a_rank_that_draws_no_replay_row_still_takes_part(tmp_path):
     rows = train(tmp_path, "lopsided", 2, *TINY, "--algo.mode", "freshper", "--algo.replay_batch", "1",
                  "--algo.replay_advantage", "recompute", "--train.iterations", "3")
     assert [r["replay_rows"] for r in rows] == [1, 1, 1] and all(r["world_size"] == 2 for r in rows)
+
+
+def _broadcast_rank(rank, port, out):
+    from freshper.trainer.sharding import broadcast_weights
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(rank)  # as if each rank's warm start had ended differently
+        model = _model()
+        for p in model.parameters():
+            p.data.add_(torch.randn_like(p) * (rank + 1))
+        broadcast_weights(model)
+        torch.save(model.state_dict(), f"{out}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_starts_from_rank_0s_weights(tmp_path):
+    mp.spawn(_broadcast_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    a, b = (torch.load(tmp_path / f"{r}.pt") for r in range(2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
