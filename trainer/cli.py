@@ -200,6 +200,7 @@ def cmd_train(argv) -> int:
         if d.main:
             p.error(err)
         return 2
+    trainer, done = None, False
     try:
         with logging_to(run_dir, d.rank):
             try:
@@ -208,11 +209,18 @@ def cmd_train(argv) -> int:
                 print("freshper train: interrupted before training started", file=sys.stderr)
                 return 130
             trainer.run()
+            interrupted, done = trainer.interrupted, True
     finally:
+        # The sharded model, its device mesh and the samplers hold the process group: drop them
+        # before the group, or gloo's worker threads are torn down at interpreter exit (SIGABRT).
+        trainer = None
+        import gc
+
+        gc.collect()
         if lock is not None:
             lock.release()
-        D.close(d)
-    return 130 if trainer.interrupted else 0
+        D.close(d, wait=done)
+    return 130 if interrupted else 0
 
 
 def cmd_profile(argv) -> int:

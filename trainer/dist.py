@@ -112,13 +112,17 @@ def init(device: str = "auto", timeout_min: float = 30.0) -> Dist:
     return d
 
 
-def close(d: Dist) -> None:
-    """Leave the group. A colocated vLLM made sub-groups of it: they go first, or vLLM's own
-    clean-up at exit finds their parent gone and fails."""
+def close(d: Dist, wait: bool = False) -> None:
+    """Leave the group; `wait`: after a barrier, so that no rank tears down while another is
+    still in a collective (only on a clean finish: after a failure the others may never come).
+    A colocated vLLM made sub-groups of it: they go first, or vLLM's own clean-up at exit finds
+    their parent gone and fails."""
     import sys
 
     if not (d.on and dist.is_initialized()):
         return
+    if wait:
+        dist.barrier()
     state = sys.modules.get("vllm.distributed.parallel_state")
     if state is not None:
         state.destroy_model_parallel()
