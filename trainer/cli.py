@@ -220,7 +220,14 @@ def cmd_train(argv) -> int:
         if lock is not None:
             lock.release()
         D.close(d, wait=done)
-    return 130 if interrupted else 0
+    code = 130 if interrupted else 0
+    if d.on:  # a rank ends here, skipping interpreter finalisation, where gloo's threads may abort it
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_profile(argv) -> int:
