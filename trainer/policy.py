@@ -25,7 +25,7 @@ from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
 from .config import Config
 from .dist import SINGLE, Dist
-from .sharding import PolicyNet, pack, shard, unpack  # noqa: F401  (pack/unpack: the packing tests)
+from .sharding import PolicyNet, shard
 
 
 def row_lengths(mask: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,6 @@ image tokens as text: the log-probs it samples with then differ from a training 
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,11 +99,6 @@ def draw_board(rows: list[str], cell: int = 16):
 
 
 # ------------------------------------------------------------------------------ tiny model
-def tiny_vl_dir(cache: Path, texts_key: str, hidden: int, layers: int, vocab: int, seed: int) -> Path:
-    spec = {"hidden": hidden, "layers": layers, "vocab": vocab, "seed": seed, "texts": texts_key, "v": 1}
-    return cache / "models" / f"tiny-qwen2vl-{hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]}"
-
-
 def build_tiny_vl(path: Path, texts: list[str], hidden: int = 128, layers: int = 2, vocab: int = 600,
                   seed: int = 0) -> Path:
     """Create (once) a tiny Qwen2-VL (text hidden `hidden`, head dim 64, M-RoPE sections 8/12/12;

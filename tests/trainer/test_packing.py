@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from freshper.trainer.policy import pack, unpack
+from freshper.trainer.sharding import pack, unpack
 
 
 def test_pack_unpack_round_trip():
