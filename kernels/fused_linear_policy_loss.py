@@ -69,11 +69,24 @@ def _tile_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _excluded(exclude: torch.Tensor | None, v0: int, v1: int):
+    """Columns of the tile [v0, v1) that `exclude` removes from the softmax (None: none)."""
+    if exclude is None:
+        return None
+    cols = exclude[(exclude >= v0) & (exclude < v1)] - v0
+    return cols if cols.numel() else None
+
+
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                   chunk_size: int | None = None, vocab_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk_size: int | None = None, vocab_chunk: int | None = None,
+                   exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target) and logsumexp of the logits, both (N,) float32, for hidden (N, H),
     weight (V, H), targets (N,) int64, never holding more than one (chunk_size, vocab_chunk) tile
-    of logits. log pi is <= 0 exactly: the target logit is read from the same tile as the lse."""
+    of logits. log pi is <= 0 exactly: the target logit is read from the same tile as the lse.
+    `exclude` (int64 vocabulary ids): tokens the sampler never draws (an engine's suppressed
+    tokens), taken out of the softmax as -inf logits, so pi is the distribution sampled from."""
+    if exclude is not None:
+        exclude = exclude.to(hidden.device)
     n = hidden.shape[0]
     dc, dv = default_chunks(n, weight.shape[0], weight.shape[1], weight.dtype)
     chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
@@ -87,6 +100,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         target_logit = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
         for v0, v1 in chunks:
             z = _tile_logits(h, weight[v0:v1])
+            cols = _excluded(exclude, v0, v1)
+            if cols is not None:
+                z[:, cols] = -float("inf")
             inside = (y >= v0) & (y < v1)
             picked = z.gather(1, (y - v0).clamp(0, v1 - v0 - 1)[:, None])[:, 0]
             target_logit = torch.where(inside, picked, target_logit)
@@ -99,9 +115,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return logp, lse
 
 
-def _dlogits(h, w, y, lse, g, v0) -> torch.Tensor:
-    """d loss / d z for one tile, (n, vc) float32: g (1[v = y] - p), formed in float32."""
+def _dlogits(h, w, y, lse, g, v0, cols=None) -> torch.Tensor:
+    """d loss / d z for one tile, (n, vc) float32: g (1[v = y] - p), formed in float32; p = 0 at
+    the excluded columns `cols`."""
     d = _tile_logits(h, w).sub_(lse[:, None]).exp_().mul_(-g[:, None])  # -g p
+    if cols is not None:
+        d[:, cols] = 0.0
     rows = ((y >= v0) & (y < v0 + w.shape[0])).nonzero().squeeze(1)
     d[rows, y[rows] - v0] += g[rows]  # at most one target per row: no duplicate writes
     return d
@@ -109,20 +128,22 @@ def _dlogits(h, w, y, lse, g, v0) -> torch.Tensor:
 
 class _FusedLinearPolicyLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, old_logp, advantages, mask, weights, kw, chunk_size, vocab_chunk):
+    def forward(ctx, hidden, weight, targets, old_logp, advantages, mask, weights, kw, chunk_size, vocab_chunk,
+                exclude):
         B, T, H = hidden.shape
         active = mask.reshape(-1).nonzero().squeeze(1)
         h = hidden.reshape(-1, H).index_select(0, active)
         y = targets.reshape(-1).index_select(0, active)
         dc, dv = default_chunks(active.numel(), weight.shape[0], H, weight.dtype)
         chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
-        logp_a, lse = token_logprobs(h, weight, y, chunk_size=chunk_size, vocab_chunk=vocab_chunk)
+        logp_a, lse = token_logprobs(h, weight, y, chunk_size=chunk_size, vocab_chunk=vocab_chunk, exclude=exclude)
         del h
         logp = torch.zeros(B * T, dtype=torch.float32, device=hidden.device)
         logp[active] = logp_a
         loss, dlogp, stats = loss_and_grad(logp.view(B, T), old_logp, advantages, mask, weights, **kw)
         ctx.save_for_backward(hidden, weight, targets, active, lse, dlogp)
         ctx.chunks = (chunk_size, vocab_chunk)
+        ctx.exclude = exclude
         outs = [stats[k] for k in _STATS] + [logp.view(B, T)]
         ctx.mark_non_differentiable(*outs)
         return (loss.float(), *outs)
@@ -148,7 +169,7 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
             for s in range(0, n, chunk_size):
                 e = min(s + chunk_size, n)
                 h = h_all[s:e]
-                d = _dlogits(h, w, y_all[s:e], lse[s:e], g[s:e], v0)
+                d = _dlogits(h, w, y_all[s:e], lse[s:e], g[s:e], v0, _excluded(ctx.exclude, v0, v1))
                 dc = d if dt == torch.float32 else d.to(dt)
                 del d
                 if need_h:
@@ -162,18 +183,20 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
             grad_hidden = torch.zeros(B * T, H, dtype=hidden.dtype, device=hidden.device)
             grad_hidden[active] = grad_h.to(hidden.dtype)
             grad_hidden = grad_hidden.view(B, T, H)
-        return (grad_hidden, grad_w, None, None, None, None, None, None, None, None)
+        return (grad_hidden, grad_w, None, None, None, None, None, None, None, None, None)
 
 
 def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, mask, weights=None, *,
                              clip_low=0.2, clip_high=0.2, agg="token-mean", ref_logp=None, kl_coef=0.0,
-                             tis_logp=None, tis_cap=None, chunk_size=None, vocab_chunk=None, return_stats=False):
+                             tis_logp=None, tis_cap=None, chunk_size=None, vocab_chunk=None, return_stats=False,
+                             exclude=None):
     """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed in
     tiles: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64; the rest as
     in `policy_loss`. Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
     chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`.
     With `return_stats`, also a dict of the loss's detached statistics (as `policy_loss`) plus
-    "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost."""
+    "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
+    `exclude`: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
@@ -188,14 +211,18 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     for name, c in (("chunk_size", chunk_size), ("vocab_chunk", vocab_chunk)):
         if c is not None and not (isinstance(c, int) and c > 0):
             raise ValueError(f"{name} must be a positive int or None, got {c!r}")
+    if exclude is not None:
+        exclude = torch.as_tensor(exclude, dtype=torch.int64, device=hidden.device)
     sel = mask.reshape(-1) != 0
     if sel.any():
         y = targets.reshape(-1)[sel]
         if int(y.min()) < 0 or int(y.max()) >= lm_weight.shape[0]:
             raise ValueError(f"targets of unmasked tokens must lie in [0, {lm_weight.shape[0]})")
+        if exclude is not None and bool(torch.isin(y, exclude).any()):
+            raise ValueError("targets of unmasked tokens must not be in exclude (their probability is 0)")
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
               tis_logp=tis_logp, tis_cap=tis_cap)
     loss, *stats = _FusedLinearPolicyLoss.apply(
         hidden, lm_weight, targets, old_logp.detach(), advantages.detach(), mask,
-        weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk)
+        weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk, exclude)
     return (loss, dict(zip((*_STATS, "logp"), stats))) if return_stats else loss

@@ -54,13 +54,20 @@ def game_feedback(reward: float, turn: int, state: str, left: int, max_words: in
 
 class Episode:
     """The growing token sequence of one episode: ids, a mask of assistant tokens, and the
-    engine's log-prob of each assistant token (0 elsewhere)."""
+    engine's log-prob of each assistant token (0 elsewhere). With a VLM's image `processor`, a
+    message may show images: its text holds one vision.IMAGE placeholder per image, expanded in
+    the ids to one <|image_pad|> per merged patch; the episode keeps each image as PNG bytes and
+    as processed pixels."""
 
-    def __init__(self, tokenizer, messages: list[dict]):
+    def __init__(self, tokenizer, messages: list[dict], images: list = (), processor=None):
         self.tok = tokenizer
+        self.processor = processor
+        self.pngs: list[bytes] = []
+        self.pixels: list = []  # (patches, D) float32 per image
+        self.grids: list = []  # (1, 3) int64 per image
         self.messages = list(messages)
         self.text = self._render()
-        self.ids = self._encode(self.text)
+        self.ids = self._encode(self.text, images)
         self.mask = [False] * len(self.ids)
         self.logp = [0.0] * len(self.ids)
         self._reply_end: int | None = None  # eos id that closed the last reply, if any
@@ -68,8 +75,34 @@ class Episode:
     def _render(self) -> str:
         return self.tok.apply_chat_template(self.messages, tokenize=False, add_generation_prompt=True)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+    def _encode(self, text: str, images=()) -> list[int]:
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if self.processor is None:
+            if images:
+                raise ValueError("images given to an episode without an image processor (a text-only model)")
+            return ids
+        from .vision import expand_ids, process, to_png
+
+        pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
+        if not images:
+            return expand_ids(ids, pad, [])
+        pixels, grids, counts = process(self.processor, list(images))
+        ids = expand_ids(ids, pad, counts)
+        self.pngs += [to_png(im) for im in images]
+        self.pixels += list(pixels.split([int(g.prod()) for g in grids]))
+        self.grids += list(grids.split(1))
+        return ids
+
+    def vision_inputs(self):
+        """This episode's ids with its images, as a VLM forward or generate takes them."""
+        import torch
+
+        from .vision import VisionInputs
+
+        pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
+        if not self.pixels:
+            return VisionInputs(self.ids, torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long), pad)
+        return VisionInputs(self.ids, torch.cat(self.pixels), torch.cat(self.grids), pad)
 
     def add_reply(self, ids: list[int], logps: list[float]) -> str:
         """Append the assistant's reply as generated, with the engine's log-prob per token (an
@@ -87,9 +120,10 @@ class Episode:
         self.text += content
         return content
 
-    def add_user(self, text: str, limit: int | None = None) -> bool:
-        """Append the user's next message (feedback and the next turn). If that would take the
-        sequence past `limit` tokens, append nothing and return False."""
+    def add_user(self, text: str, limit: int | None = None, images: list = ()) -> bool:
+        """Append the user's next message (feedback and the next turn; `images` for its
+        placeholders). If that would take the sequence past `limit` tokens, append nothing and
+        return False."""
         self.messages.append({"role": "user", "content": text})
         full = self._render()
         if not full.startswith(self.text):
@@ -101,9 +135,11 @@ class Episode:
             if not suffix.startswith(end):
                 raise ValueError(f"the chat template does not close a reply with {end!r}, the eos token")
             suffix = suffix[len(end):]
-        new = self._encode(suffix)
+        kept = (list(self.pngs), list(self.pixels), list(self.grids))
+        new = self._encode(suffix, images)
         if limit is not None and len(self.ids) + len(new) > limit:
             self.messages.pop()
+            self.pngs, self.pixels, self.grids = kept
             return False
         self.ids += new
         self.mask += [False] * len(new)

@@ -35,7 +35,8 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = opt("frozenlake", "frozenlake | sokoban | math | search")
+    name: str = opt("frozenlake", "frozenlake | sokoban | math | search | frozenlake-vlm (the board as a picture) | "
+                                  "geoqa (geometry figures); the last two need a vision-language model")
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
     prompts: str = opt("roll", "game wording: roll (ROLL's agentic examples) | replay (the authors' replay configs; "
@@ -49,6 +50,9 @@ class EnvConfig:
     question_key: str = opt("problem", "math: column of the question")
     answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
     digits: int = opt(2, "math without data: digits of each operand of a + b")
+    image_key: str = opt("image", "geoqa: column of the image (decoded, {bytes, path}, bytes, or a path)")
+    image_pixels: int = opt(112, "frozenlake-vlm: the board picture's side (size x cell pixels); geoqa: the "
+                                 "procedural figure's side")
     corpus: str = opt("", "search: jsonl of {id, title, text} passages (BM25 index cached beside it); empty: a "
                           "knowledge base generated offline")
     top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
@@ -69,6 +73,8 @@ class RolloutConfig:
     top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)")
     gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache")
     vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training")
+    image_bytes: int = opt(32768, "vision envs: bytes per trajectory for its images (PNG) in the replay buffer; an "
+                                  "episode needing more is an error")
 
 
 @dataclass
@@ -171,7 +177,7 @@ class Config:
 
 # The registered environments (trainer/envs registers them; a test holds the two equal). Spelled
 # out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
-ENV_NAMES = ("frozenlake", "sokoban", "math", "search")
+ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "geoqa")
 INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
 
 
@@ -273,6 +279,31 @@ PRESETS: dict[str, dict] = {
                              "rollout.group_size": 8, "eval.episodes": 30, "eval.samples": 16,
                              "eval.temperature": 0.6, "algo.replay_batch": 512, "algo.micro_batch": 4,
                              "algo.tau": 500.0, "train.iterations": 300},
+    # Vision-language, CPU: a tiny Qwen2-VL (a one-block vision tower) built offline. FrozenLake-VLM
+    # as the text game with the board drawn 112 x 112 (one image token per board cell); GeoQA as
+    # math-cpu with procedural figures whose numbers are in the picture only.
+    "frozenlake-vlm-cpu": {"env.name": "frozenlake-vlm", "env.image_pixels": 112, "algo.capacity": 4096,
+                           "rollout.max_len": 1536},
+    "geoqa-cpu": {"env.name": "geoqa", "env.max_turns": 1, "env.image_pixels": 112, "rollout.max_new_tokens": 16,
+                  "rollout.max_len": 128, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
+                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
+                  "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
+                  "algo.adv_clip": 0.0, "algo.lr": 3e-4, "algo.lr_schedule": "constant"},
+    # Vision-language, GPU. FrozenLake-VLM: the paper's FrozenLake setting with Qwen2.5-VL-3B-Instruct
+    # (the model of the authors' vision-language agentic example) and the board at 64 pixels a cell
+    # (gymnasium's rgb_array size). GeoQA: the authors' VL math example (examples/qwen2.5-vl-7B-math):
+    # Qwen2.5-VL-7B-Instruct, 512 x 8 replies of up to 4,096 tokens, lr 1e-6, GRPO without whitening,
+    # advantage clip 10, KL loss 0.01; env.data must name the local GeoQA parquet. Generation is
+    # transformers' (vLLM multimodal generation is not built yet).
+    "qwen2.5-vl-3b-frozenlake-vlm": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-3B-Instruct",
+                                     "env.name": "frozenlake-vlm", "env.image_pixels": 256, "algo.tau": 1000.0,
+                                     "rollout.engine": "hf"},
+    "qwen2.5-vl-7b-geoqa": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-7B-Instruct", "env.name": "geoqa",
+                            "env.max_turns": 1, "rollout.engine": "hf", "rollout.episodes": 4096,
+                            "rollout.group_size": 8, "rollout.max_new_tokens": 4096, "rollout.max_len": 5120,
+                            "algo.advantage": "grpo", "algo.whiten": False, "algo.adv_clip": 10.0,
+                            "algo.kl_coef": 0.01, "algo.replay_batch": 4096, "algo.micro_batch": 2,
+                            "algo.tau": 500.0, "eval.episodes": 512},
     # The GPU preset in short form: a few iterations with the tiny model, vLLM and bf16.
     "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda", "eval.every": 3,
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
@@ -430,6 +461,9 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.question_key": (lambda v: v.strip() != "", "a column name"),
     "env.answer_key": (lambda v: v.strip() != "", "a column name"),
     "env.digits": (lambda v: 1 <= v <= 9, "in [1, 9]"),
+    "env.image_key": (lambda v: v.strip() != "", "a column name"),
+    "env.image_pixels": (lambda v: 56 <= v <= 2048, "in [56, 2048]"),
+    "rollout.image_bytes": (lambda v: 64 <= v <= 2**24, "in [64, 16777216]"),
     "env.corpus": (lambda v: v == "" or Path(v).expanduser().is_file(), "empty or an existing jsonl file"),
     "env.retriever": (lambda v: v == "bm25" or v.startswith(("http://", "https://")) or (
         v.startswith("e5:") and (Path(v[3:]).expanduser() / "meta.json").is_file()),
@@ -523,8 +557,14 @@ def validate(cfg: Config) -> None:
     if cfg.env.prompts != "roll" and cfg.env.name != "frozenlake":
         raise ValueError(f"env.prompts={cfg.env.prompts!r} exists for FrozenLake only (the authors publish replay "
                          f"prompts for it alone), got env.name={cfg.env.name!r}")
-    if cfg.env.data and cfg.env.name not in ("math", "search"):
-        raise ValueError(f"env.data is for env.name=math or search, got env.name={cfg.env.name!r}")
+    if cfg.env.data and cfg.env.name not in ("math", "search", "geoqa"):
+        raise ValueError(f"env.data is for env.name=math, search or geoqa, got env.name={cfg.env.name!r}")
+    if cfg.rollout.engine == "vllm" and cfg.env.name in ("frozenlake-vlm", "geoqa"):
+        raise ValueError(f"env.name={cfg.env.name!r} with rollout.engine=vllm: multimodal generation through vLLM is "
+                         "not built yet; use rollout.engine=hf")
+    if cfg.env.name == "frozenlake-vlm" and cfg.env.image_pixels // cfg.env.size < 4:
+        raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
+                         f"{cfg.env.size} board; raise env.image_pixels")
     if cfg.env.name == "search" and cfg.env.data and not cfg.env.corpus:
         raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
     if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:

@@ -36,7 +36,7 @@ from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
 from .metrics import MetricsLog, merge_rows, plot
-from .model import env_kwargs, load_policy, pick_device
+from .model import env_kwargs, load_image_processor, load_policy, pick_device
 from .policy import Policy, warm_start
 from .rollout import rollout
 from .trackers import Trackers
@@ -106,6 +106,8 @@ def check_world(cfg: Config, world: int) -> None:
         bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
     if a.mode != "on-policy" and a.capacity % world:
         bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
+    if cfg.env.name in ("frozenlake-vlm", "geoqa"):
+        bad.append(f"env.name={cfg.env.name!r}: vision-language training runs on one process so far")
     if a.mode != "on-policy" and a.replay_unit != "trajectory":
         bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
                    "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
@@ -145,6 +147,7 @@ class Trainer:
             self.device = torch.device("cuda", dist.local_rank)
         with _rank0_first(dist):  # the tiny model's cache is written once
             self.model, self.tok, self.model_path = load_policy(cfg, self.device)
+        self.processor = load_image_processor(cfg, self.model_path)  # a VLM's (None for text environments)
         # Seeded after the model exists: building it on a cold cache, or loading it from a warm
         # one, must not decide the sampling streams, so a run is a function of (config, seed).
         seed_everything(cfg.train.seed)
@@ -161,7 +164,7 @@ class Trainer:
                 log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
                          "not the task) ...", cfg.train.sft_steps)
             self.sft_losses = warm_start(self.model, self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
-                                         cfg.train.seed, r.max_new_tokens, r.max_len)
+                                         cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor)
             if self.sft_losses:
                 log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
                          "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
@@ -180,7 +183,13 @@ class Trainer:
         # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
         # steps advance the schedule too), or every optimizer step of the run.
         horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else 1 + self.K)
-        self.policy = Policy(self.model, cfg, self.device, total_steps=horizon, dist=dist, compute_dtype=compute)
+        excluded = None
+        if self.processor is not None:  # the engine never samples vision tokens (a reply cannot hold an image)
+            from .vision import suppressed_ids
+
+            excluded = suppressed_ids(self.tok)
+        self.policy = Policy(self.model, cfg, self.device, total_steps=horizon, dist=dist, compute_dtype=compute,
+                             exclude_ids=excluded)
         self.model = self.policy.model
         if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
             seed_everything(cfg.train.seed + 104_729 * dist.rank)
@@ -298,26 +307,32 @@ class Trainer:
         with P("rollout"):
             self.engine.wake()
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds,
-                         r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P)
+                         r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P, processor=self.processor)
             self.engine.sleep()
         tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
         score, reward = ep.score.to(dev), ep.reward.to(dev)
         group = (it * groups + first + ep.group).to(dev)  # unique across iterations and ranks
         with P("logprob_recompute"):
-            old_logp = self.policy.logprobs(tokens, mask)
+            old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
         mismatch = (old_logp - elogp).abs().masked_fill(~mask, 0).max()
         adv, tok_adv = self._advantages(score, group, mask)
         with P("onpolicy_update"):
-            on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp)
+            on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
 
         replay = {}
         if self.buffer is not None:
             with P("buffer_add"):
                 a = cfg.algo
-                behaviour = old_logp if a.behaviour_logp == "before" else self.policy.logprobs(tokens, mask)
+                behaviour = (old_logp if a.behaviour_logp == "before"
+                             else self.policy.logprobs(tokens, mask, vision=ep.vision))
+                images = {}
+                if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
+                    from .vision import pack_pngs
+
+                    images["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
                 self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
                                 old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
-                                adv=adv)
+                                adv=adv, **images)
             replay = self._replay(it)
 
         with P("weight_sync"):
@@ -364,7 +379,7 @@ class Trainer:
                 else:
                     adv, tok_adv = b.adv, self._shape(b.adv, b.mask)
                 st = self.policy.update(b.tokens, b.mask, b.old_logp, tok_adv, b.weights if a.is_weights else None,
-                                        b.engine_logp)
+                                        b.engine_logp, vision=self._replayed_images(b))
             # per replayed row, gathered over the ranks: what the batch-level statistics need
             per_row = self.dist.cat(torch.cat([torch.stack([b.weights.double(), b.age.double(),
                                                             st["row_kl"].double(), st["row_kl1"].double()], 1),
@@ -397,6 +412,15 @@ class Trainer:
             out.update(tau=self.drift.tau, drift_rate=self.drift.rate)
         return out
 
+    def _replayed_images(self, b):
+        """A replay batch's images, decoded from the PNG bytes the buffer keeps (None: text env)."""
+        if "images" not in b.fields:
+            return None
+        from .vision import VisionRows, unpack_pngs
+
+        return VisionRows.from_pngs(self.processor, unpack_pngs(b.images),
+                                    self.tok.convert_tokens_to_ids("<|image_pad|>"))
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Validation: `eval.episodes` fixed initial states (problems) no training iteration uses,
@@ -412,7 +436,7 @@ class Trainer:
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, e.samples, r.max_new_tokens,
-                         r.max_len, Sampling(e.temperature, r.top_p, r.top_k))
+                         r.max_len, Sampling(e.temperature, r.top_p, r.top_k), processor=self.processor)
             self.engine.sleep()
         # (states, samples) per column: success, reward, valid share, context ended; all ranks' states
         t = d.cat(torch.stack([ep.success.double(), ep.reward.double(), ep.valid_frac.double(),

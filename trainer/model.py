@@ -42,10 +42,25 @@ def env_kwargs(cfg: Config) -> dict:
         return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
                 "max_searches": e.max_searches, "retriever": e.retriever}
+    if e.name == "geoqa":
+        return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
+                "question_key": e.question_key, "answer_key": e.answer_key, "image_key": e.image_key,
+                "image_size": e.image_pixels}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
-    kw.update({"boxes": e.boxes, "search_depth": e.search_depth} if e.name == "sokoban" else
-              {"p": e.p_frozen, "prompts": e.prompts})
+    if e.name == "sokoban":
+        kw.update(boxes=e.boxes, search_depth=e.search_depth)
+    elif e.name == "frozenlake-vlm":
+        kw.update(p=e.p_frozen, cell=e.image_pixels // e.size)
+    else:
+        kw.update(p=e.p_frozen, prompts=e.prompts)
     return kw
+
+
+def is_vision_env(cfg: Config) -> bool:
+    """Whether cfg's environment shows images (it needs a vision-language model)."""
+    from .envs import ENVS
+
+    return ENVS[cfg.env.name].vision
 
 
 def corpus(cfg: Config, n_states: int = 300) -> list[str]:
@@ -74,10 +89,13 @@ def tiny_model_dir(cfg: Config) -> Path:
             "data": cfg.env.data, "hidden": cfg.model.tiny_hidden,
             "layers": cfg.model.tiny_layers, "vocab": cfg.model.tiny_vocab, "seed": cfg.train.seed,
             "max_words": cfg.rollout.max_new_tokens, "v": 3}
+    if is_vision_env(cfg):
+        spec["image_pixels"] = cfg.env.image_pixels
     if cfg.env.prompts != "roll":  # the tokenizer is trained on the env's own wording
         spec["prompts"] = cfg.env.prompts
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return cache_dir() / "models" / f"tiny-qwen2-{cfg.env.name}-{digest}"
+    kind = "qwen2vl" if is_vision_env(cfg) else "qwen2"
+    return cache_dir() / "models" / f"tiny-{kind}-{cfg.env.name}-{digest}"
 
 
 def build_tiny(cfg: Config) -> Path:
@@ -89,6 +107,12 @@ def build_tiny(cfg: Config) -> Path:
     if (path / "config.json").exists():
         return path
     log.info("building the tiny model and training its tokenizer offline (first use; cached in %s)", path.parent)
+    if is_vision_env(cfg):
+        from .vision import build_tiny_vl
+
+        m = cfg.model
+        return build_tiny_vl(path, corpus(cfg), SPECIALS, CHAT_TEMPLATE, m.tiny_hidden, m.tiny_layers, m.tiny_vocab,
+                             cfg.train.seed)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -162,12 +186,28 @@ def load_policy(cfg: Config, device: torch.device):
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn).to(device)
+    auto = AutoModelForCausalLM
+    if is_vision_env(cfg):  # a vision-language model: its image-text class (Qwen2-VL, Qwen2.5-VL)
+        from transformers import AutoModelForImageTextToText as auto
+    model = auto.from_pretrained(path, dtype=dtype, attn_implementation=attn).to(device)
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     log.info("model %s on %s, %s, attention: %s", path, device, str(dtype).removeprefix("torch."), attn)
     return model, tok, path
+
+
+def load_image_processor(cfg: Config, path: str):
+    """The model's image processor when cfg's environment shows images, else None."""
+    if not is_vision_env(cfg):
+        return None
+    from .vision import image_processor
+
+    try:
+        return image_processor(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"env.name={cfg.env.name!r} shows images, but model.path={path!r} has no image processor "
+                         f"(preprocessor_config.json): is it a vision-language model? ({e})") from None
 
 
 def stop_token_ids(tok) -> list[int]:

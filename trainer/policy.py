@@ -58,11 +58,14 @@ def _empty(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 
 class Policy:
     def __init__(self, model, cfg: Config, device: torch.device, total_steps: int = 1, dist: Dist = SINGLE,
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, exclude_ids: list[int] | None = None):
         """`model` a Hugging Face causal LM on `device`. With `dist.world` > 1 it is sharded here
         (FSDP2, in place; `compute_dtype` the mixed-precision compute dtype, None: the weights'
-        own) and the optimizer holds this rank's shards."""
+        own) and the optimizer holds this rank's shards. `exclude_ids`: tokens the engine never
+        samples (a VLM's vision tokens), out of the policy's softmax as they are out of the
+        sampler's, so the ratio compares the distributions sampled from."""
         self.cfg, self.device, self.dist = cfg, device, dist
+        self.exclude = torch.tensor(exclude_ids, dtype=torch.long, device=device) if exclude_ids else None
         a = cfg.algo
         ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
         self.net = PolicyNet(model)
@@ -90,9 +93,10 @@ class Policy:
 
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
-    def logprobs(self, tokens: torch.Tensor, mask: torch.Tensor, ref: bool = False) -> torch.Tensor:
+    def logprobs(self, tokens: torch.Tensor, mask: torch.Tensor, ref: bool = False, vision=None) -> torch.Tensor:
         """(R, L) float32 on the training device: log pi(token i | tokens < i) at response
-        positions, 0 elsewhere (`ref`: under the reference model). Collective on several ranks."""
+        positions, 0 elsewhere (`ref`: under the reference model; `vision`: a VLM's
+        trainer.vision.VisionRows of these rows). Collective on several ranks."""
         net = self.ref_net if ref else self.net
         tokens, mask = tokens.to(self.device), mask.to(self.device)
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
@@ -107,15 +111,18 @@ class Policy:
                 continue
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             sel = mk[:, 1:]
-            lp = net(tk, lengths[sl], lambda h, w: token_logprobs(h[sel], w, tk[:, 1:][sel])[0])
+            lp = net(tk, lengths[sl],
+                     lambda h, w: token_logprobs(h[sel], w, tk[:, 1:][sel], exclude=self.exclude)[0],
+                     **(vision.kwargs(sl, tk) if vision is not None else {}))
             block = out[sl, 1:n]
             block[sel] = lp.float()
         return out
 
     # ------------------------------------------------------------------------- the update
-    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None) -> dict:
+    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
-        (None: all 1) and token advantages `adv` (R, L). Returns detached scalar stats and two
+        (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
+        rows. Returns detached scalar stats and two
         estimates (R,) of each row's per-token KL(mu || pi) from this update's own log-probs, means
         over its response tokens with d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never
         negative; what the metrics and freshper-auto use), and "row_kl1", k1 = -d (unbiased, but
@@ -127,7 +134,7 @@ class Policy:
         weights = None if weights is None else weights.to(dev).float()
         tis_logp = tis_logp.to(dev) if (tis_logp is not None and a.tis_cap > 0) else None
         self.net.train()
-        ref_logp = self.logprobs(tokens, mask, ref=True) if self.ref_net is not None else None
+        ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None else None
         lengths = row_lengths(mask)
         resp = mask[:, 1:]
         # the global batch's token and sequence counts normalise every rank's loss
@@ -154,7 +161,9 @@ class Policy:
                 None if weights is None else weights[sl],
                 clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, ref_logp=cut(ref_logp),
                 kl_coef=a.kl_coef if ref_logp is not None else 0.0,
-                tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True))
+                tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
+                exclude=self.exclude),
+                **(vision.kwargs(sl, tk) if vision is not None else {}))
             (loss * share).backward()
             tok_share = micro_tok / total_tok.clamp_min(1)
             sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
@@ -179,10 +188,11 @@ class Policy:
 
 # ------------------------------------------------------------------------- warm start (SFT)
 def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
-               batch: int = 16) -> list[float]:
+               batch: int = 16, processor=None) -> list[float]:
     """Supervised steps on whole episodes (chats, as the rollout builds them) whose replies are
     uniformly random actions in the answer format. A random-initialised model cannot emit
-    the format at all; this teaches the format only, not the task (the actions are random)."""
+    the format at all; this teaches the format only, not the task (the actions are random).
+    `processor`: a VLM's image processor, for environments that show images."""
     if steps == 0:
         return []
     from .chat import Episode
@@ -192,15 +202,17 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     env = make_env()
+    proc = processor if env.vision else None
     losses = []
     for _ in range(steps):
         rows = []
         for _ in range(batch):
-            ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words))
+            ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words), env.images(), proc)
             while not env.done:
                 reply = tokenizer(env.random_reply(rng), add_special_tokens=False)
                 r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
-                if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words):
+                if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
+                                                  images=env.images() if proc else ()):
                     break
             rows.append(ep)
         width = max(len(ep) for ep in rows)
@@ -212,8 +224,14 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
             ids[i, :len(ep)] = t
             labels[i, :len(ep)] = torch.where(torch.tensor(ep.mask), t, -100)
             attn[i, :len(ep)] = 1
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device),
-                         labels=labels.to(device))
+        vision = {}
+        if proc is not None:
+            from .vision import VisionRows
+
+            ins = [ep.vision_inputs() for ep in rows]
+            vision = VisionRows([v.pixel_values for v in ins], [v.image_grid_thw for v in ins],
+                                ins[0].image_token_id).kwargs(slice(None), ids.to(device))
+        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device), **vision)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()

@@ -34,6 +34,8 @@ class Episodes:
     env_steps: int  # env.step calls in this batch
     gen_tokens: int  # assistant tokens generated
     extra: dict = field(default_factory=dict)  # env-specific per-episode means (env.metrics(), e.g. searches)
+    pngs: list | None = None  # a VLM's episodes: per episode its images as PNG bytes, in placeholder order
+    vision: object = None  # trainer.vision.VisionRows of those images (processed once, for the updates)
 
     @property
     def score(self) -> torch.Tensor:
@@ -45,15 +47,21 @@ class Episodes:
 
 
 def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int], group_size: int,
-            max_new_tokens: int, max_len: int, sampling: Sampling, phase=None) -> Episodes:
+            max_new_tokens: int, max_len: int, sampling: Sampling, phase=None, processor=None) -> Episodes:
     """Play len(seeds) * group_size episodes to the end; seeds[g] is group g's initial state.
-    `phase(name)`, if given, wraps generation and env steps (timing and trace ranges)."""
+    `phase(name)`, if given, wraps generation and env steps (timing and trace ranges).
+    `processor`: a VLM's image processor, needed by environments that show images."""
     phase = phase or (lambda name: nullcontext())
     envs = [make_env(env_name, **env_kwargs) for _ in range(len(seeds) * group_size)]
+    vision = envs[0].vision
+    if vision and processor is None:
+        raise ValueError(f"env.name={env_name!r} shows images: it needs a vision-language model (one with an image "
+                         "processor, e.g. Qwen2.5-VL); model.path names a text-only model")
     eps = []
     for i, env in enumerate(envs):
         state = env.reset(seeds[i // group_size])
-        eps.append(Episode(tokenizer, env.opening(state, max_new_tokens)))
+        eps.append(Episode(tokenizer, env.opening(state, max_new_tokens), env.images(),
+                           processor if vision else None))
     E = len(envs)
     if len(eps[0]) + max_new_tokens > max_len:
         raise ValueError(f"rollout.max_len={max_len} cannot hold even the first turn: its prompt has {len(eps[0])} "
@@ -67,7 +75,11 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         if not active:
             break
         with phase("generate"):
-            gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling)
+            if vision:
+                ins = [eps[i].vision_inputs() for i in active]
+                gen = engine.generate([v.input_ids for v in ins], max_new_tokens, sampling, images=ins)
+            else:
+                gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling)
         with phase("env_step"):
             for j, i in enumerate(active):
                 text = eps[i].add_reply(gen.token_ids[j], gen.logprobs[j])
@@ -75,7 +87,8 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                 valid[i] += result.valid
                 gen_tokens += len(gen.token_ids[j])
                 if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
-                                                           limit=max_len - max_new_tokens):
+                                                           limit=max_len - max_new_tokens,
+                                                           images=envs[i].images() if vision else ()):
                     envs[i].done = True
                     ended[i] = True
         steps += len(active)
@@ -91,8 +104,17 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     turns = torch.tensor([env.turn for env in envs], dtype=torch.long)
     per_env = [env.metrics() for env in envs if hasattr(env, "metrics")]
     extra = {k: sum(m[k] for m in per_env) / len(per_env) for k in per_env[0]} if per_env else {}
+    pngs = rows = None
+    if vision:
+        from .vision import VisionRows
+
+        pngs = [ep.pngs for ep in eps]
+        ins = [ep.vision_inputs() for ep in eps]
+        rows = VisionRows([v.pixel_values for v in ins], [v.image_grid_thw for v in ins], ins[0].image_token_id)
+        extra["image_bytes"] = sum(len(b) for ep_pngs in pngs for b in ep_pngs) / E  # PNG bytes per episode
     return Episodes(tokens, mask, elogp, turns,
                     torch.tensor([env.total_reward for env in envs], dtype=torch.float32),
                     torch.tensor([env.total_penalty for env in envs], dtype=torch.float32),
                     torch.tensor([env.solved() for env in envs], dtype=torch.bool),
-                    valid / turns.clamp_min(1), torch.arange(E) // group_size, ended, steps, gen_tokens, extra)
+                    valid / turns.clamp_min(1), torch.arange(E) // group_size, ended, steps, gen_tokens, extra,
+                    pngs, rows)

@@ -20,7 +20,18 @@ from pathlib import Path
 import torch
 
 VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# An image in a message's text, as Qwen2-VL's chat template renders one: a single <|image_pad|>
+# that the tokenised prompt then expands to one pad per merged patch (`expand_ids`).
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS = 56 * 56, 112 * 112  # the tiny model's processor limits
+
+
+def suppressed_ids(tokenizer) -> list[int]:
+    """The vision special tokens a VLM's replies never hold: generation suppresses them (a
+    reply's <|image_pad|> would claim image features that do not exist), and the trainer's
+    softmax leaves them out to match."""
+    ids = tokenizer.convert_tokens_to_ids(VISION_SPECIALS)
+    return sorted({i for i in ids if i is not None and i != tokenizer.unk_token_id})
 
 
 @dataclass
@@ -51,22 +62,12 @@ def expand(tokenizer, processor, text_parts: list[str], images: list) -> VisionI
     if len(text_parts) != len(images) + 1:
         raise ValueError(f"text_parts must hold one more part than images: {len(text_parts)} parts, "
                          f"{len(images)} images")
-    from PIL import Image
-
-    # transformers 5 keeps Qwen2-VL's max_pixels as size.longest_edge (a pixel count)
-    limit = getattr(processor, "max_pixels", None) or processor.size.longest_edge
-    for i, im in enumerate(images):
-        if not isinstance(im, Image.Image):
-            raise ValueError(f"image {i} is a {type(im).__name__}, not a PIL image")
-        if im.width * im.height > 64 * limit:  # far past what the resize is for: a wrong input, not a big board
-            raise ValueError(f"image {i} is {im.width}x{im.height}, over 64 x the processor's max_pixels "
-                             f"({limit}); resize it first")
     conv = tokenizer.convert_tokens_to_ids
     start, end, pad = conv("<|vision_start|>"), conv("<|vision_end|>"), conv("<|image_pad|>")
     if images:
-        px = processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
-        pixels, grids = px["pixel_values"].float(), px["image_grid_thw"].long()
+        pixels, grids, _ = process(processor, images)
     else:
+        check_images(processor, images)
         pixels, grids = torch.zeros(0, 3 * 2 * 14 * 14), torch.zeros(0, 3, dtype=torch.long)
     merge = processor.merge_size ** 2
     ids = tokenizer(text_parts[0], add_special_tokens=False)["input_ids"]
@@ -74,6 +75,122 @@ def expand(tokenizer, processor, text_parts: list[str], images: list) -> VisionI
         ids += [start] + [pad] * int(grids[i].prod() // merge) + [end]
         ids += tokenizer(part, add_special_tokens=False)["input_ids"]
     return VisionInputs(ids, pixels, grids, pad)
+
+
+def process(processor, images: list) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(pixel_values (patches, D) float32, image_grid_thw (n, 3) int64, placeholder tokens per image)."""
+    check_images(processor, images)
+    px = processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
+    grids = px["image_grid_thw"].long()
+    merge = processor.merge_size ** 2
+    return px["pixel_values"].float(), grids, [int(g.prod()) // merge for g in grids]
+
+
+def check_images(processor, images: list) -> None:
+    """ValueError naming the first image that is not a PIL image or is far past the processor's size."""
+    from PIL import Image
+
+    limit = getattr(processor, "max_pixels", None) or processor.size.longest_edge
+    for i, im in enumerate(images):
+        if not isinstance(im, Image.Image):
+            raise ValueError(f"image {i} is a {type(im).__name__}, not a PIL image")
+        if im.width * im.height > 64 * limit:  # far past what the resize is for: a wrong input, not a big board
+            raise ValueError(f"image {i} is {im.width}x{im.height}, over 64 x the processor's max_pixels "
+                             f"({limit}); resize it first")
+
+
+def expand_ids(ids: list[int], pad: int, counts: list[int]) -> list[int]:
+    """Token ids with the k-th single `pad` (an <|image_pad|>) repeated counts[k] times."""
+    out, k = [], 0
+    for t in ids:
+        if t == pad:
+            if k == len(counts):
+                raise ValueError(f"the text holds more image placeholders than the {len(counts)} image(s) given")
+            out += [pad] * counts[k]
+            k += 1
+        else:
+            out.append(t)
+    if k != len(counts):
+        raise ValueError(f"{len(counts)} image(s) given for {k} image placeholder(s) in the text")
+    return out
+
+
+# --------------------------------------------------------------- images of a batch of rows
+def to_png(image) -> bytes:
+    """Lossless bytes of an RGB image: decoding them gives the same pixels, so the same model inputs."""
+    import io
+
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG", optimize=False)
+    return buf.getvalue()
+
+
+def from_png(data: bytes):
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def pack_pngs(rows: list[list[bytes]], width: int) -> torch.Tensor:
+    """(R, width) uint8: per row [image count (4 bytes), then per image its length (4 bytes) and
+    PNG bytes], zero-filled: a fixed-width field the replay buffer can hold on the device.
+    ValueError if a row's images need more than `width` bytes."""
+    out = torch.zeros((len(rows), width), dtype=torch.uint8)
+    for r, pngs in enumerate(rows):
+        blob = len(pngs).to_bytes(4, "little") + b"".join(len(p).to_bytes(4, "little") + p for p in pngs)
+        if len(blob) > width:
+            raise ValueError(f"an episode's {len(pngs)} image(s) take {len(blob)} bytes as PNG, over "
+                             f"rollout.image_bytes={width}; raise rollout.image_bytes")
+        out[r, :len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    return out
+
+
+def unpack_pngs(packed: torch.Tensor) -> list[list[bytes]]:
+    """The inverse of pack_pngs (rows of any device)."""
+    rows = []
+    for row in packed.cpu().numpy():
+        data = row.tobytes()
+        n, at, pngs = int.from_bytes(data[:4], "little"), 4, []
+        for _ in range(n):
+            size = int.from_bytes(data[at:at + 4], "little")
+            pngs.append(data[at + 4:at + 4 + size])
+            at += 4 + size
+        rows.append(pngs)
+    return rows
+
+
+class VisionRows:
+    """The images of a batch of token rows, ready for a Qwen2-VL forward on any slice of rows:
+    per row its pixel values and grids (in placeholder order)."""
+
+    def __init__(self, pixels: list[torch.Tensor], grids: list[torch.Tensor], image_token_id: int):
+        self.pixels, self.grids, self.image_token_id = pixels, grids, image_token_id
+
+    @classmethod
+    def from_pngs(cls, processor, rows: list[list[bytes]], image_token_id: int) -> "VisionRows":
+        """Decode and process each row's PNGs (the replay path: the buffer keeps bytes, not pixels)."""
+        pixels, grids = [], []
+        for pngs in rows:
+            if pngs:
+                px, g, _ = process(processor, [from_png(p) for p in pngs])
+            else:
+                px, g = torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
+            pixels.append(px)
+            grids.append(g)
+        return cls(pixels, grids, image_token_id)
+
+    def kwargs(self, rows: slice, tokens: torch.Tensor) -> dict:
+        """pixel_values, image_grid_thw and mm_token_type_ids for rows[rows] whose (cut) token
+        rows are `tokens`, on tokens' device."""
+        px = [p for p in self.pixels[rows] if p.numel()]
+        gr = [g for g in self.grids[rows] if g.numel()]
+        if not px:
+            return {}
+        dev = tokens.device
+        return {"pixel_values": torch.cat(px).to(dev), "image_grid_thw": torch.cat(gr).to(dev),
+                "mm_token_type_ids": (tokens == self.image_token_id).int()}
 
 
 # ------------------------------------------------------------------------ pictures of boards
@@ -99,8 +216,8 @@ def draw_board(rows: list[str], cell: int = 16):
 
 
 # ------------------------------------------------------------------------------ tiny model
-def build_tiny_vl(path: Path, texts: list[str], hidden: int = 128, layers: int = 2, vocab: int = 600,
-                  seed: int = 0) -> Path:
+def build_tiny_vl(path: Path, texts: list[str], specials: list[str], chat_template: str, hidden: int = 128,
+                  layers: int = 2, vocab: int = 600, seed: int = 0) -> Path:
     """Create (once) a tiny Qwen2-VL (text hidden `hidden`, head dim 64, M-RoPE sections 8/12/12;
     a one-block vision tower, 14-pixel patches merged 2x2), its tokenizer trained on `texts` with
     the chat and vision special tokens, and its image processor config, in `path`."""
@@ -108,12 +225,10 @@ def build_tiny_vl(path: Path, texts: list[str], hidden: int = 128, layers: int =
     from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from .model import CHAT_TEMPLATE, SPECIALS
-
     if (path / "config.json").exists():
         return path
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    specials = SPECIALS + VISION_SPECIALS
+    specials = list(specials) + VISION_SPECIALS
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -121,7 +236,7 @@ def build_tiny_vl(path: Path, texts: list[str], hidden: int = 128, layers: int =
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
                                    additional_special_tokens=specials[2:])
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     ids = {t: fast.convert_tokens_to_ids(t) for t in VISION_SPECIALS}
     cfg = Qwen2VLConfig(
         text_config=dict(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,

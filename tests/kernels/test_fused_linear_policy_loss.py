@@ -202,3 +202,36 @@ def test_cuda_bf16_through_the_triton_loss():
     assert h.is_cuda
     fused, eag, ref = three_ways(h, w, y, mask, old, adv)
     assert within_eager(fused, ref, eag)
+
+
+def test_excluded_tokens_leave_the_softmax():
+    """`exclude` (an engine's suppressed tokens): log-probs and both gradients equal a float64
+    log_softmax with those columns at -inf; the excluded columns get no weight gradient. Checked
+    to fail when the exclusion is dropped in the forward only, the backward only, or both."""
+    hidden, weight, targets, mask, old, adv, w, _ = make(2, 12, 64, 300, 5)
+    banned = torch.tensor([3, 64, 65, 299])  # inside one tile, across a tile edge, the last id
+    targets = torch.where(torch.isin(targets, banned), targets + 1, targets) % 299
+    targets = torch.where(torch.isin(targets, banned), torch.zeros_like(targets), targets)
+
+    def ref(h, wt):
+        z = (h @ wt.T).double()
+        z[..., banned] = -torch.inf
+        logp = torch.log_softmax(z, -1).gather(-1, targets[..., None])[..., 0]
+        return policy_loss_reference(logp, old, adv, mask, w)
+
+    want = grads(ref, hidden, weight, torch.float64)
+    got = grads(lambda h, wt: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, exclude=banned,
+                                                       chunk_size=8, vocab_chunk=64), hidden, weight, torch.float64)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)  # float32 log-probs inside, as above
+    assert float(got[1][banned].abs().max()) == 0.0
+    plain = grads(lambda h, wt: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, chunk_size=8,
+                                                         vocab_chunk=64), hidden, weight, torch.float64)
+    assert rel_l2(plain[0], want[0]) > 1e-3, "the check can tell the exclusion is dropped"
+    hs, ys = hidden.reshape(-1, 64), targets.reshape(-1)
+    lp, _ = token_logprobs(hs, weight, ys, exclude=banned, chunk_size=8, vocab_chunk=64)
+    z = hs @ weight.T
+    z[:, banned] = -torch.inf
+    torch.testing.assert_close(lp.double(), torch.log_softmax(z, -1).gather(-1, ys[:, None])[:, 0], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="must not be in exclude"):
+        fused_linear_policy_loss(hidden, weight, torch.full_like(targets, 64), old, adv, mask, exclude=banned)

@@ -9,6 +9,7 @@ import torch
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.envs.frozenlake import FrozenLake
+from freshper.trainer.model import CHAT_TEMPLATE, SPECIALS
 from freshper.trainer.vision import VISION_SPECIALS, build_tiny_vl, draw_board, expand, image_processor
 
 FULL = Sampling(1.0, 1.0, 0)  # unprocessed sampling: the engine's log-probs are the model's
@@ -24,7 +25,7 @@ def vl(tmp_path_factory):
     for s in range(40):
         env.reset(s)
         texts += [env.render(), env.random_reply(rng), "Choose your action. The board:"]
-    path = build_tiny_vl(tmp_path_factory.mktemp("vl") / "tiny-vl", texts)
+    path = build_tiny_vl(tmp_path_factory.mktemp("vl") / "tiny-vl", texts, SPECIALS, CHAT_TEMPLATE)
     torch.manual_seed(0)
     model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(path), image_processor(path)
@@ -106,3 +107,80 @@ def test_generation_and_the_training_forward_agree_on_image_prompts(vl):
         got = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g)[:, None])[:, 0]
         assert len(g) > 0 and not set(g) & set(banned)
         torch.testing.assert_close(got, torch.tensor(lp), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ episodes that show images
+def _vl_episode(vl, n_images=1):
+    from freshper.trainer.chat import Episode
+    from freshper.trainer.vision import IMAGE
+
+    _, tok, proc = vl
+    pics = [draw_board(b, 28) for b in boards(n_images)]
+    text = "Look: " + " then ".join([IMAGE] * n_images)
+    return Episode(tok, [{"role": "user", "content": text}], pics, proc), pics
+
+
+def test_an_episode_expands_each_image_and_keeps_it_as_png(vl):
+    from freshper.trainer.vision import from_png, process
+
+    _, tok, proc = vl
+    ep, pics = _vl_episode(vl, 2)
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert ep.ids.count(pad) == 2 * 16, "112 x 112 pixels: 8 x 8 patches merged 2 x 2 = 16 tokens per image"
+    assert [from_png(p).tobytes() for p in ep.pngs] == [p.tobytes() for p in pics], "PNG is lossless"
+    v = ep.vision_inputs()
+    px, grids, _ = process(proc, pics)
+    assert torch.equal(v.pixel_values, px) and torch.equal(v.image_grid_thw, grids)
+
+
+def test_an_episode_refuses_images_that_do_not_match_its_placeholders(vl):
+    from freshper.trainer.chat import Episode
+    from freshper.trainer.vision import IMAGE
+
+    _, tok, proc = vl
+    pic = draw_board(boards(1)[0], 28)
+    with pytest.raises(ValueError, match=r"2 image\(s\) given for 1 image placeholder"):
+        Episode(tok, [{"role": "user", "content": f"{IMAGE}"}], [pic, pic], proc)
+    with pytest.raises(ValueError, match="more image placeholders than the 0 image"):
+        Episode(tok, [{"role": "user", "content": f"{IMAGE}"}], [], proc)
+    with pytest.raises(ValueError, match="without an image processor"):
+        Episode(tok, [{"role": "user", "content": f"{IMAGE}"}], [pic])
+
+
+def test_a_turn_that_does_not_fit_keeps_no_image(vl):
+    from freshper.trainer.vision import IMAGE
+
+    ep, _ = _vl_episode(vl, 1)
+    tok = vl[1]
+    ep.add_reply(tok("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id], [])
+    n, pngs = len(ep), list(ep.pngs)
+    assert not ep.add_user(f"next {IMAGE}", limit=len(ep) + 5, images=[draw_board(boards(2)[1], 28)])
+    assert len(ep) == n and ep.pngs == pngs and len(ep.pixels) == 1
+    assert ep.add_user(f"next {IMAGE}", images=[draw_board(boards(2)[1], 28)])
+    assert len(ep.pngs) == 2 and ep.vision_inputs().image_grid_thw.shape == (2, 3)
+
+
+def test_packed_pngs_come_back_exactly_and_a_full_row_is_named():
+    from freshper.trainer.vision import pack_pngs, to_png, unpack_pngs
+
+    rows = [[to_png(draw_board(b, 28)) for b in boards(3)], [], [to_png(draw_board(boards(1)[0], 4))]]
+    packed = pack_pngs(rows, 4096)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 4096)
+    assert unpack_pngs(packed) == rows
+    need = 4 + sum(4 + len(p) for p in rows[0])
+    pack_pngs(rows[:1], need)  # exactly enough
+    with pytest.raises(ValueError, match=f"take {need} bytes as PNG, over rollout.image_bytes={need - 1}"):
+        pack_pngs(rows[:1], need - 1)
+
+
+def test_replayed_images_give_the_same_model_inputs(vl):
+    """What the buffer brings back (PNG bytes -> pixels) equals what the rollout processed."""
+    from freshper.trainer.vision import VisionRows, pack_pngs, unpack_pngs
+
+    _, tok, proc = vl
+    eps = [_vl_episode(vl, k)[0] for k in (1, 2)]
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    back = VisionRows.from_pngs(proc, unpack_pngs(pack_pngs([e.pngs for e in eps], 8192)), pad)
+    for e, px, g in zip(eps, back.pixels, back.grids):
+        v = e.vision_inputs()
+        assert torch.equal(v.pixel_values, px) and torch.equal(v.image_grid_thw, g)

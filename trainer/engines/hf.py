@@ -45,19 +45,20 @@ class HFEngine(Engine):
         kw = dict(do_sample=False) if s.greedy else dict(do_sample=True, temperature=s.temperature, top_k=s.top_k,
                                                           top_p=s.top_p)
         if images:  # a reply holding an image placeholder would claim image features it has none of
-            from ..vision import VISION_SPECIALS
+            from ..vision import suppressed_ids
 
-            kw["suppress_tokens"] = [i for i in self.tok.convert_tokens_to_ids(VISION_SPECIALS)
-                                     if i is not None and i != self.tok.unk_token_id]
+            kw["suppress_tokens"] = suppressed_ids(self.tok)
         gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=self.stops, pad_token_id=pad, output_scores=True,
                                    return_dict_in_generate=True)
         vision = {}
         if images:
             # M-RoPE numbers image tokens by mm_token_type_ids; without it generate treats them as text
-            vision = {"pixel_values": torch.cat([v.pixel_values for v in images]).to(device),
-                      "image_grid_thw": torch.cat([v.image_grid_thw for v in images]).to(device),
-                      "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
+            with_px = [v for v in images if v.pixel_values.numel()]
+            if with_px:
+                vision = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
+                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
+                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
                                   **vision)
         self.model.train(was_training)

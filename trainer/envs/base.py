@@ -55,6 +55,7 @@ class TextEnv:
     instruction = ""  # rules, symbol legend and action list: the first user message
 
     prompt_sets = ("roll",)  # the prompt wordings this environment has (chat.PROMPTS)
+    vision = False  # True: messages show images (a vision-language model's environment)
 
     def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll"):
         if max_turns <= 0:
@@ -85,6 +86,11 @@ class TextEnv:
         """The user message after a turn that did not end the episode."""
         return game_feedback(result.reward, self.turn, result.observation, self.max_turns - self.turn, max_words,
                              self.prompts)
+
+    def images(self) -> list:
+        """The images (PIL) the latest `opening` or `feedback` shows, one per vision.IMAGE
+        placeholder in its text, in order; text environments show none."""
+        return []
 
     def random_reply(self, rng: random.Random) -> str:
         """A well-formed reply with a uniformly random action (format-only warm start, tokenizer corpus)."""

@@ -106,8 +106,28 @@ def load_problems(path: str, question_key: str, answer_key: str) -> tuple[tuple[
     return tuple((str(q), str(a)) for q, a in zip(ds[question_key], ds[answer_key]))
 
 
+class BoxedQuestion(QuestionEnv):
+    """A single-turn question whose reply boxes its answer (`self.answer`), scored by `score`;
+    a reply without a \\boxed{} pays the format penalty."""
+
+    answer = ""
+
+    def step(self, text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
+        self.turn += 1
+        valid = last_boxed(text) is not None
+        reward = score(text, self.answer)
+        penalty = 0.0 if valid else self.format_penalty
+        self.correct = reward == 1.0
+        self.done = True
+        self.total_reward += reward
+        self.total_penalty += penalty
+        return StepResult(self.render(), reward, penalty, True, valid, self.correct, {"answer": self.answer})
+
+
 @register
-class Math(QuestionEnv):
+class Math(BoxedQuestion):
     name = "math"
     instruction = INSTRUCTION
 
@@ -148,16 +168,3 @@ class Math(QuestionEnv):
 
     def random_reply(self, rng: random.Random) -> str:
         return f"The answer is \\boxed{{{rng.randrange(2 * 10 ** self.digits)}}}."
-
-    def step(self, text: str) -> StepResult:
-        if self.done:
-            raise RuntimeError("math: step() after the episode ended; call reset()")
-        self.turn += 1
-        valid = last_boxed(text) is not None
-        reward = score(text, self.answer)
-        penalty = 0.0 if valid else self.format_penalty
-        self.correct = reward == 1.0
-        self.done = True
-        self.total_reward += reward
-        self.total_penalty += penalty
-        return StepResult(self.render(), reward, penalty, True, valid, self.correct, {"answer": self.answer})
