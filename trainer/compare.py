@@ -38,7 +38,8 @@ ARMS = {
     "freshper-max": {"algo.mode": "freshper", "algo.insert_priority": "max"},
 }
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
-               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800)}
+               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800),
+               "frozenlake-vlm-cpu": ("frozenlake-vlm-cpu", 12_000), "geoqa-cpu": ("geoqa-cpu", 12_800)}
 def _run_one(cmd: list[str], log_path: Path) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
