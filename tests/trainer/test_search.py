@@ -104,6 +104,35 @@ def test_episode_rules():
     assert env.step("still none").done
 
 
+def test_random_replies_copy_the_question_into_searches_and_the_passages_into_answers():
+    """The format warm start's replies: random choices, words from the episode. The first reply
+    searches a span of the question; answers are words of the last results; past the search
+    limit only answers come."""
+    import random
+
+    env = Search(max_searches=2)
+    rng = random.Random(0)
+    answers = spans = 0
+    for seed in range(60):
+        env.reset(seed)
+        q = [w.strip("?") for w in env.question.split()]
+        first = env.random_reply(rng)
+        assert first.startswith("<search>") and " ".join(q).find(first[8:-9]) >= 0
+        spans += 1
+        r = env.step(first)
+        while not env.done:
+            reply = env.random_reply(rng)
+            if reply.startswith("<answer>"):
+                word = reply[8:-9]
+                assert word in (env.seen or q), (word, env.seen[:10])  # the question's if nothing came back
+                answers += 1
+            else:
+                assert env.searches < env.max_searches
+            r = env.step(reply)
+        assert r.done
+    assert answers == 60 and spans == 60
+
+
 def test_validation_asks_about_entities_training_never_asks_about():
     env = Search()
     train_q = {env.reset(s) for s in range(300)}

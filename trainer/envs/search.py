@@ -171,6 +171,7 @@ class Search(QuestionEnv):
             _, self.train, self.held_out = generated_kb(kb_seed)
         self.question, self.golds = "", []
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+        self.seen: list[str] = []  # words of the passages the last search returned
 
     def _reset(self, seed: int) -> None:
         rows = self.held_out if seed >= EVAL_SEED_BASE else self.train
@@ -178,20 +179,24 @@ class Search(QuestionEnv):
         self.question, golds = rows[random.Random(seed - base).randrange(len(rows))]
         self.golds = _parse_golds(golds)
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+        self.seen = []
 
     def opening(self, state: str, max_words: int) -> list[dict]:
         return [{"role": "user", "content": f"{INSTRUCTION}Question: {self.question}"}]
 
     def random_reply(self, rng: random.Random) -> str:
-        """A well-formed random reply: a search for some words of the question, or an answer
-        copied from a random passage title or fact."""
-        words = self.question.rstrip("?").split() or ["?"]
-        if rng.random() < 0.5:
-            return f"<search>{' '.join(rng.sample(words, min(len(words), 2)))}</search>"
-        if not self.retriever.passages:  # a remote service: no corpus here to copy from
-            return f"<answer>{rng.choice(words)}</answer>"
-        p = rng.choice(self.retriever.passages)
-        return f"<answer>{rng.choice(p['text'].rstrip('.').split())}</answer>"
+        """A well-formed reply whose choices are uniformly random but whose words come from the
+        episode, as a search agent's do: before any search, or with probability 0.3 while searches
+        remain, a search for a random span of one or two words of the question; otherwise an
+        answer of one random word of the passages the last search returned (of the question when
+        nothing was returned). Which span and which word is the task, left to RL; that queries
+        copy the question and answers copy the passages is the format the warm start teaches."""
+        words = [w.strip("?.,;:!") for w in self.question.split()] or ["?"]
+        if self.searches < self.max_searches and (self.searches == 0 or rng.random() < 0.3):
+            n = min(len(words), rng.choice((1, 2)))
+            i = rng.randrange(len(words) - n + 1)
+            return f"<search>{' '.join(words[i:i + n])}</search>"
+        return f"<answer>{rng.choice(self.seen or words)}</answer>"
 
     def step(self, text: str) -> StepResult:
         if self.done:
@@ -209,7 +214,11 @@ class Search(QuestionEnv):
                 self.done, obs = True, ""
             else:
                 self.searches += 1
-                obs = format_results(self.retriever.search([query.group(1).strip()], self.top_k)[0])
+                found = self.retriever.search([query.group(1).strip()], self.top_k)[0]
+                obs = format_results(found)
+                self.seen = [w.strip("?.,;:!()") for p in found
+                             for w in f"{p['title']} {' '.join(p['text'].split()[:MAX_PASSAGE_WORDS])}".split()]
+                self.seen = [w for w in self.seen if w]
         else:
             valid, penalty = False, self.format_penalty
             obs = "Invalid reply: write <search> query </search> or <answer> answer </answer>."
