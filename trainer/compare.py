@@ -49,12 +49,14 @@ def _run_one(cmd: list[str], log_path: Path) -> int:
 
 def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, extra: list[str],
          taus: list[float] | None) -> list[dict]:
+    """The runs of a comparison, seed by seed (every arm of seed 0, then of seed 1, ...), so one cut
+    short holds whole seeds; finished runs are skipped, checkpointed ones resumed."""
     preset = ENV_PRESETS[env][0]
     jobs = []
     variants = [(a, None) for a in arms] if not taus else [(arms[0], t) for t in taus]
-    for arm, tau in variants:
-        label = arm if tau is None else f"{arm}-tau{tau:g}"
-        for s in range(seeds):
+    for s in range(seeds):
+        for arm, tau in variants:
+            label = arm if tau is None else f"{arm}-tau{tau:g}"
             run = out / f"{label}-s{s}"
             over = {**ARMS[arm], "train.seed": s, "train.env_step_budget": budget, "train.iterations": 100_000,
                     "algo.lr_schedule": "constant",

@@ -65,3 +65,13 @@ def test_summary_statistics():
     assert mean_ci([1.0, math.inf])[0] == math.inf and math.isnan(mean_ci([1.0, math.inf])[1])
     m, h = mean_ci([0.2, 0.4, 0.6])
     assert m == pytest.approx(0.4) and h == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
+
+
+def test_runs_go_seed_by_seed(tmp_path):
+    """Every arm of a seed runs before the next seed: a comparison cut short holds whole seeds."""
+    from freshper.trainer.compare import plan
+
+    jobs = plan(tmp_path, "math-cpu", ["on-policy", "per", "freshper"], 3, 100, [], None)
+    assert [(j["seed"], j["label"]) for j in jobs[:4]] == [(0, "on-policy"), (0, "per"), (0, "freshper"),
+                                                          (1, "on-policy")]
+    assert len(jobs) == 9
