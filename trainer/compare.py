@@ -40,7 +40,7 @@ ARMS = {
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
                "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800),
                "frozenlake-vlm-cpu": ("frozenlake-vlm-cpu", 12_000), "geoqa-cpu": ("geoqa-cpu", 12_800),
-               "search-cpu": ("search-cpu", 20_000)}
+               "search-cpu": ("search-cpu", 20_000), "sokoban-vlm-cpu": ("sokoban-vlm-cpu", 20_000)}
 def _run_one(cmd: list[str], log_path: Path) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")

@@ -35,8 +35,8 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = opt("frozenlake", "frozenlake | sokoban | math | search | frozenlake-vlm (the board as a picture) | "
-                                  "geoqa (geometry figures); the last two need a vision-language model")
+    name: str = opt("frozenlake", "frozenlake | sokoban | math | search | frozenlake-vlm, sokoban-vlm (the board as "
+                                  "a picture) | geoqa (geometry figures); the last three need a vision-language model")
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
     prompts: str = opt("roll", "game wording: roll (ROLL's agentic examples) | replay (the authors' replay configs; "
@@ -51,8 +51,8 @@ class EnvConfig:
     answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
     digits: int = opt(2, "math without data: digits of each operand of a + b")
     image_key: str = opt("image", "geoqa: column of the image (decoded, {bytes, path}, bytes, or a path)")
-    image_pixels: int = opt(112, "frozenlake-vlm: the board picture's side (size x cell pixels); geoqa: the "
-                                 "procedural figure's side")
+    image_pixels: int = opt(112, "frozenlake-vlm, sokoban-vlm: the board picture's side (size x cell pixels); "
+                                 "geoqa: the procedural figure's side")
     corpus: str = opt("", "search: jsonl of {id, title, text} passages (BM25 index cached beside it); empty: a "
                           "knowledge base generated offline")
     top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
@@ -177,7 +177,8 @@ class Config:
 
 # The registered environments (trainer/envs registers them; a test holds the two equal). Spelled
 # out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
-ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "geoqa")
+ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
+VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
 INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
 
 
@@ -280,10 +281,12 @@ PRESETS: dict[str, dict] = {
                              "eval.temperature": 0.6, "algo.replay_batch": 512, "algo.micro_batch": 4,
                              "algo.tau": 500.0, "train.iterations": 300},
     # Vision-language, CPU: a tiny Qwen2-VL (a one-block vision tower) built offline. FrozenLake-VLM
-    # as the text game with the board drawn 112 x 112 (one image token per board cell); GeoQA as
-    # math-cpu with procedural figures whose numbers are in the picture only.
+    # and Sokoban-VLM as the text games with the board drawn 112 x 112 (FrozenLake: one image token
+    # per board cell); GeoQA as math-cpu with procedural figures whose numbers are in the picture only.
     "frozenlake-vlm-cpu": {"env.name": "frozenlake-vlm", "env.image_pixels": 112, "algo.capacity": 4096,
                            "rollout.max_len": 1536},
+    "sokoban-vlm-cpu": {**_SOKOBAN_SIMPLE, "env.name": "sokoban-vlm", "env.image_pixels": 112, "rollout.max_len": 1536,
+                        "train.iterations": 200, "algo.capacity": 8192},
     "geoqa-cpu": {"env.name": "geoqa", "env.max_turns": 1, "env.image_pixels": 112, "rollout.max_new_tokens": 16,
                   "rollout.max_len": 128, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
                   "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
@@ -559,15 +562,15 @@ def validate(cfg: Config) -> None:
                          f"prompts for it alone), got env.name={cfg.env.name!r}")
     if cfg.env.data and cfg.env.name not in ("math", "search", "geoqa"):
         raise ValueError(f"env.data is for env.name=math, search or geoqa, got env.name={cfg.env.name!r}")
-    if cfg.rollout.engine == "vllm" and cfg.env.name in ("frozenlake-vlm", "geoqa"):
+    if cfg.rollout.engine == "vllm" and cfg.env.name in VISION_ENVS:
         raise ValueError(f"env.name={cfg.env.name!r} with rollout.engine=vllm: multimodal generation through vLLM is "
                          "not built yet; use rollout.engine=hf")
-    if cfg.env.name == "frozenlake-vlm" and cfg.env.image_pixels // cfg.env.size < 4:
+    if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")
     if cfg.env.name == "search" and cfg.env.data and not cfg.env.corpus:
         raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
-    if cfg.env.name == "sokoban" and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
+    if cfg.env.name in ("sokoban", "sokoban-vlm") and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
         raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
                          f"room: at most {(cfg.env.size - 2) ** 2 // 4}")
     if cfg.train.device == "cuda":

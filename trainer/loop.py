@@ -29,7 +29,7 @@ from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
-from .config import Config, buffer_insert, to_yaml
+from .config import VISION_ENVS, Config, buffer_insert, to_yaml
 from .dist import SINGLE, Dist
 from .drift import DriftTau
 from .engines import Sampling, make_engine
@@ -106,7 +106,7 @@ def check_world(cfg: Config, world: int) -> None:
         bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
     if a.mode != "on-policy" and a.capacity % world:
         bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
-    if cfg.env.name in ("frozenlake-vlm", "geoqa"):
+    if cfg.env.name in VISION_ENVS:
         bad.append(f"env.name={cfg.env.name!r}: vision-language training runs on one process so far")
     if a.mode != "on-policy" and a.replay_unit != "trajectory":
         bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "

@@ -47,12 +47,14 @@ def env_kwargs(cfg: Config) -> dict:
                 "question_key": e.question_key, "answer_key": e.answer_key, "image_key": e.image_key,
                 "image_size": e.image_pixels}
     kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
-    if e.name == "sokoban":
+    if e.name in ("sokoban", "sokoban-vlm"):
         kw.update(boxes=e.boxes, search_depth=e.search_depth)
-    elif e.name == "frozenlake-vlm":
-        kw.update(p=e.p_frozen, cell=e.image_pixels // e.size)
     else:
-        kw.update(p=e.p_frozen, prompts=e.prompts)
+        kw.update(p=e.p_frozen)
+    if e.name in ("frozenlake-vlm", "sokoban-vlm"):
+        kw.update(cell=e.image_pixels // e.size)
+    else:
+        kw.update(prompts=e.prompts)
     return kw
 
 

@@ -195,12 +195,13 @@ class VisionRows:
 
 # ------------------------------------------------------------------------ pictures of boards
 COLOURS = {"_": (235, 245, 255), "O": (20, 40, 120), "G": (40, 170, 60), "P": (220, 40, 40), "X": (120, 20, 120),
-           "√": (240, 200, 0), "#": (90, 90, 90), "S": (220, 120, 40), "√b": (240, 200, 0)}
+           "√": (240, 200, 0), "#": (90, 90, 90), "S": (220, 120, 40)}
 
 
 def draw_board(rows: list[str], cell: int = 16):
-    """A grid of symbols (FrozenLake: P player, _ ice, O hole, G goal, X in a hole, √ on the goal)
-    as an RGB picture, `cell` pixels per square, thin grid lines: what a VLM sees of the board."""
+    """A grid of symbols (FrozenLake: P player, _ ice, O hole, G goal, X in a hole, √ on the goal;
+    Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S player on target) as an
+    RGB picture, `cell` pixels per square, thin grid lines: what a VLM sees of the board."""
     from PIL import Image, ImageDraw
 
     h, w = len(rows), max(len(r) for r in rows)

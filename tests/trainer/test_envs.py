@@ -126,7 +126,7 @@ def test_generated_levels_are_solvable_unsolved_and_seeded(size, boxes, depth):
 
 
 def test_registry():
-    assert set(ENVS) == {"frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "geoqa"}
+    assert set(ENVS) == {"frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa"}
     with pytest.raises(ValueError, match="frozenlake"):
         make_env("chess")
 

@@ -86,6 +86,21 @@ def test_geoqa_trains_on_figures(tmp_path):
     assert all(r["engine_trainer_logp_maxdiff"] < 1e-4 for r in rows)
 
 
+def test_sokoban_vlm_shows_the_level_as_a_picture(tmp_path):
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.vision import IMAGE, draw_board
+
+    env = make_env("sokoban-vlm", cell=10)
+    state = env.reset(4)
+    msgs = env.opening(state, 8)
+    assert msgs[1]["content"].count(IMAGE) == 1 and state not in msgs[1]["content"], "the picture, not the text"
+    assert env.images()[0].tobytes() == draw_board(state.splitlines(), 10).tobytes()
+    r = env.step("<answer>Up</answer>")
+    assert env.feedback(r, 8).count(IMAGE) == 1
+    rows = Trainer(vlm("sokoban-vlm", **{"train.iterations": 1, "env.size": 6}), tmp_path / "s").run()
+    assert rows[0]["image_bytes"] > 0 and rows[0]["engine_trainer_logp_maxdiff"] < 1e-4
+
+
 def test_vision_envs_need_a_vlm_and_the_hf_engine(tmp_path):
     from freshper.trainer.engines import Sampling
     from freshper.trainer.rollout import rollout

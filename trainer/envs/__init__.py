@@ -1,11 +1,11 @@
 """Text environments for multi-turn agent RL, behind one registry."""
 from .base import ENVS, StepResult, TextEnv, make_env, parse_action
 from .frozenlake import FrozenLake
-from .frozenlake_vlm import FrozenLakeVLM
 from .geoqa import GeoQA
 from .math import Math
+from .picture_games import FrozenLakeVLM, SokobanVLM
 from .search import Search
 from .sokoban import Sokoban
 
 __all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "FrozenLakeVLM", "GeoQA", "Math",
-           "Search", "Sokoban"]
+           "Search", "Sokoban", "SokobanVLM"]
