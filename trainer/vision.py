@@ -217,14 +217,28 @@ def draw_board(rows: list[str], cell: int = 16):
 
 
 # ------------------------------------------------------------------------------ tiny model
+TINY_FAMILIES = ("qwen2-vl", "qwen2.5-vl")
+
+
 def build_tiny_vl(path: Path, texts: list[str], specials: list[str], chat_template: str, hidden: int = 128,
-                  layers: int = 2, vocab: int = 600, seed: int = 0) -> Path:
-    """Create (once) a tiny Qwen2-VL (text hidden `hidden`, head dim 64, M-RoPE sections 8/12/12;
-    a one-block vision tower, 14-pixel patches merged 2x2), its tokenizer trained on `texts` with
-    the chat and vision special tokens, and its image processor config, in `path`."""
+                  layers: int = 2, vocab: int = 600, seed: int = 0, family: str = "qwen2-vl") -> Path:
+    """Create (once) a tiny Qwen2-VL or Qwen2.5-VL (`family`; text hidden `hidden`, head dim 64,
+    M-RoPE sections 8/12/12; 14-pixel patches merged 2x2 by a small vision tower: Qwen2-VL one
+    block, Qwen2.5-VL two, windowed then full attention, as its larger towers alternate), its
+    tokenizer trained on `texts` with the chat and vision special tokens, and its image processor
+    config, in `path`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"family must be one of {TINY_FAMILIES}, got {family!r}")
 
     if (path / "config.json").exists():
         return path
@@ -239,21 +253,28 @@ def build_tiny_vl(path: Path, texts: list[str], specials: list[str], chat_templa
                                    additional_special_tokens=specials[2:])
     fast.chat_template = chat_template
     ids = {t: fast.convert_tokens_to_ids(t) for t in VISION_SPECIALS}
-    cfg = Qwen2VLConfig(
+    if family == "qwen2-vl":
+        config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        vision = dict(depth=1, embed_dim=64, hidden_size=hidden, num_heads=2, mlp_ratio=2, patch_size=14,
+                      spatial_merge_size=2, in_channels=3, temporal_patch_size=2)
+    else:
+        config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision = dict(depth=2, hidden_size=64, out_hidden_size=hidden, intermediate_size=128, num_heads=2,
+                      patch_size=14, spatial_merge_size=2, in_channels=3, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1])
+    cfg = config_cls(
         text_config=dict(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
                          rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]}, max_position_embeddings=4096,
                          tie_word_embeddings=True, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
                          bos_token_id=fast.eos_token_id),
-        vision_config=dict(depth=1, embed_dim=64, hidden_size=hidden, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, in_channels=3, temporal_patch_size=2),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True, pad_token_id=fast.pad_token_id, eos_token_id=fast.eos_token_id,
         bos_token_id=fast.eos_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(cfg)
+        model = model_cls(cfg)
     model.save_pretrained(tmp, safe_serialization=True)
     fast.save_pretrained(tmp)
     Qwen2VLImageProcessorPil(min_pixels=IMAGE_MIN_PIXELS, max_pixels=IMAGE_MAX_PIXELS).save_pretrained(tmp)

@@ -15,9 +15,8 @@ from freshper.trainer.vision import VISION_SPECIALS, build_tiny_vl, draw_board, 
 FULL = Sampling(1.0, 1.0, 0)  # unprocessed sampling: the engine's log-probs are the model's
 
 
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+def _tiny(tmp_path_factory, family):
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     env = FrozenLake()
     rng = random.Random(0)
@@ -25,10 +24,20 @@ def vl(tmp_path_factory):
     for s in range(40):
         env.reset(s)
         texts += [env.render(), env.random_reply(rng), "Choose your action. The board:"]
-    path = build_tiny_vl(tmp_path_factory.mktemp("vl") / "tiny-vl", texts, SPECIALS, CHAT_TEMPLATE)
+    path = build_tiny_vl(tmp_path_factory.mktemp("vl") / family, texts, SPECIALS, CHAT_TEMPLATE, family=family)
     torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(path), image_processor(path)
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    return _tiny(tmp_path_factory, "qwen2-vl")
+
+
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl"])
+def any_vl(request, tmp_path_factory):
+    return _tiny(tmp_path_factory, request.param)
 
 
 def boards(n):
@@ -74,13 +83,13 @@ def test_images_that_cannot_be_used_are_named(vl):
         expand(tok, proc, ["a"], [Image.new("RGB", (32, 32))])
 
 
-def test_generation_and_the_training_forward_agree_on_image_prompts(vl):
+def test_generation_and_the_training_forward_agree_on_image_prompts(any_vl):
     """Two prompts of different lengths (left-padded in generation, right-padded in training),
     each with its own board: the engine's log-probs of the tokens it sampled equal the training
-    forward's (PolicyNet, as the update runs it) to float32 rounding."""
+    forward's (PolicyNet, as the update runs it) to float32 rounding; for Qwen2-VL and Qwen2.5-VL."""
     from freshper.trainer.sharding import PolicyNet
 
-    model, tok, proc = vl
+    model, tok, proc = any_vl
     ins = [expand(tok, proc, ["<|im_start|>user\n" + "Look. " * k, "Choose your action.<|im_end|>\n"
                               "<|im_start|>assistant\n"], [draw_board(b)]) for k, b in zip((0, 3), boards(2))]
     torch.manual_seed(1)
