@@ -91,7 +91,12 @@ def test_episode_rules():
     r = env.step("<search>unclosed tag")
     assert not r.valid and r.penalty == env.format_penalty and not r.done
     r = env.step(f"<answer> the {gold.lower()} </answer>")
-    assert r.done and r.success and r.reward == 1.0 and env.metrics() == {"searches": 1.0, "answer_f1": 1.0}
+    assert r.done and r.success and r.reward == 1.0
+    assert env.metrics() == {"searches": 1.0, "answer_f1": 1.0, "query_copied": 1.0, "answer_copied": 1.0}
+    env.reset(7)
+    env.step("<search>capital zzz</search>")
+    env.step("<answer>qqq</answer>")
+    assert env.metrics()["query_copied"] == 0.0 and env.metrics()["answer_copied"] == 0.0
     env = Search(max_searches=2)
     env.reset(7)
     for _ in range(2):

@@ -172,6 +172,7 @@ class Search(QuestionEnv):
         self.question, self.golds = "", []
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
         self.seen: list[str] = []  # words of the passages the last search returned
+        self.copied_queries, self.answer_copied = 0, 0.0  # the mechanics the format warm start teaches
 
     def _reset(self, seed: int) -> None:
         rows = self.held_out if seed >= EVAL_SEED_BASE else self.train
@@ -180,6 +181,7 @@ class Search(QuestionEnv):
         self.golds = _parse_golds(golds)
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
         self.seen = []
+        self.copied_queries, self.answer_copied = 0, 0.0
 
     def opening(self, state: str, max_words: int) -> list[dict]:
         return [{"role": "user", "content": f"{INSTRUCTION}Question: {self.question}"}]
@@ -207,6 +209,9 @@ class Search(QuestionEnv):
         if answer is not None and (query is None or answer.start() < query.start()):
             self.correct = exact_match(answer.group(1), self.golds) == 1.0
             self.answer_f1 = f1(answer.group(1), self.golds)
+            words = normalize(answer.group(1)).split()
+            seen = {normalize(w) for w in self.seen}
+            self.answer_copied = float(bool(words) and all(w in seen for w in words))
             reward, self.done = float(self.correct), True
             obs = ""
         elif query is not None:
@@ -214,6 +219,8 @@ class Search(QuestionEnv):
                 self.done, obs = True, ""
             else:
                 self.searches += 1
+                q = normalize(query.group(1)).split()
+                self.copied_queries += bool(q) and f" {' '.join(q)} " in f" {normalize(self.question)} "
                 found = self.retriever.search([query.group(1).strip()], self.top_k)[0]
                 obs = format_results(found)
                 self.seen = [w.strip("?.,;:!()") for p in found
@@ -232,8 +239,12 @@ class Search(QuestionEnv):
         return result.observation
 
     def metrics(self) -> dict:
-        """Per-episode figures beside success: searches made and the answer's F1."""
-        return {"searches": float(self.searches), "answer_f1": self.answer_f1}
+        """Per-episode figures beside success: searches made, the answer's F1, the share of
+        searches whose query is a span of the question, and whether every word of the answer is
+        in the passages the last search returned (0 without an answer)."""
+        return {"searches": float(self.searches), "answer_f1": self.answer_f1,
+                "query_copied": self.copied_queries / self.searches if self.searches else 0.0,
+                "answer_copied": self.answer_copied}
 
 
 
