@@ -273,6 +273,15 @@ PRESETS: dict[str, dict] = {
                    "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,
                    "train.iterations": 150, "algo.tau": 200.0, "algo.adv_clip": 0.0, "algo.lr": 3e-4,
                    "algo.lr_schedule": "constant"},
+    # NQ search on a GPU node. The authors' code fixes the environment (10 turns, 5 searches, top-3)
+    # and an E5/FAISS retrieval server on port 8100 (`python -m freshper.trainer.envs.retrieval
+    # serve --retriever e5:DIR --port 8100`); the rest is our choice after Search-R1's NQ scripts:
+    # Qwen2.5-3B-Instruct, 512 questions x 5 replies per iteration, 500 tokens per turn, lr 1e-6.
+    # env.data / env.eval_data must name the local NQ train and test parquet files.
+    "qwen2.5-3b-nq-search": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-3B-Instruct", "env.name": "search",
+                             "env.retriever": "http://127.0.0.1:8100", "rollout.episodes": 2560,
+                             "rollout.group_size": 5, "rollout.max_new_tokens": 500, "rollout.max_len": 4096,
+                             "algo.replay_batch": 2560, "algo.tau": 500.0, "eval.episodes": 512},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
                              "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
@@ -311,6 +320,12 @@ PRESETS: dict[str, dict] = {
     "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda", "eval.every": 3,
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
 }
+
+# What a preset cannot default (local data): load() names the missing options.
+PRESET_NEEDS = {"qwen2.5-3b-nq-search": ("env.data", "env.eval_data")}
+PRESET_NEEDS_WHY = {"qwen2.5-3b-nq-search": "NQ's train and test parquet files in Search-R1's format; README, "
+                                            "\"Search agents\""}
+
 
 def field_table() -> dict[str, tuple[type, object, str]]:
     """{'section.field': (type, default, help)} for every field, help from the fields' metadata."""
@@ -427,6 +442,10 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
         apply(cfg, flatten(data))
     apply(cfg, overrides or {})
     validate(cfg)
+    missing = [k for k in PRESET_NEEDS.get(preset, ()) if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == ""]
+    if missing:
+        raise ValueError(f"preset {preset} needs " + " and ".join(f"--{k}" for k in missing)
+                         + f" ({PRESET_NEEDS_WHY[preset]})")
     return cfg
 
 
@@ -536,6 +555,15 @@ def check_field(key: str, value) -> None:
             raise ValueError(f"{key} must be {allowed}, got {value!r}")
 
 
+def check_search_sources(data: str, corpus: str, retriever: str) -> None:
+    """ValueError when a dataset's questions have no passages to search: BM25 needs the corpus
+    they are about (a dense index or a service brings its own)."""
+    own = retriever.startswith(("e5:", "http://", "https://"))
+    if data and not corpus and not own:
+        raise ValueError("env.data for search needs env.corpus (the jsonl of passages its questions are about), or "
+                         "an env.retriever that serves its own corpus (e5:DIR or a service URL)")
+
+
 def validate(cfg: Config) -> None:
     """Every field's rule, then cross-field checks; raised before any work starts."""
     for key, value in flatten(cfg.to_dict()).items():
@@ -568,8 +596,8 @@ def validate(cfg: Config) -> None:
     if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")
-    if cfg.env.name == "search" and cfg.env.data and not cfg.env.corpus:
-        raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
+    if cfg.env.name == "search":
+        check_search_sources(cfg.env.data, cfg.env.corpus, cfg.env.retriever)
     if cfg.env.name in ("sokoban", "sokoban-vlm") and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
         raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
                          f"room: at most {(cfg.env.size - 2) ** 2 // 4}")

@@ -224,3 +224,22 @@ def test_a_configuration_several_ranks_cannot_split_is_refused_before_anything_i
     err = capsys.readouterr().err
     assert e.value.code == 2 and "WORLD_SIZE=3" in err and "split evenly over 3 ranks" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_preset_names_the_local_data_it_cannot_default(tmp_path):
+    with pytest.raises(ValueError, match="preset qwen2.5-3b-nq-search needs --env.data and --env.eval_data"):
+        C.load("qwen2.5-3b-nq-search")
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    with pytest.raises(ValueError, match="needs --env.eval_data"):
+        C.load("qwen2.5-3b-nq-search", None, {"env.data": str(train)})
+    cfg = C.load("qwen2.5-3b-nq-search", None, {"env.data": str(train), "env.eval_data": str(train)})
+    assert cfg.env.retriever.startswith("http://") and cfg.env.corpus == "", "the service brings its corpus"
+
+
+def test_search_questions_need_passages_to_search(tmp_path):
+    data = tmp_path / "q.parquet"
+    data.write_bytes(b"")
+    with pytest.raises(ValueError, match="env.data for search needs env.corpus"):
+        C.load("search-cpu", None, {"env.data": str(data)})
+    C.load("search-cpu", None, {"env.data": str(data), "env.retriever": "http://127.0.0.1:8100"})

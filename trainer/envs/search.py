@@ -35,6 +35,7 @@ import re
 import string
 from collections import Counter
 
+from ..config import check_search_sources
 from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
 from .retrieval import MAX_QUERY_CHARS, Retriever, make_retriever, read_corpus  # noqa: F401  (the env's API)
 
@@ -157,8 +158,7 @@ class Search(QuestionEnv):
         super().__init__(max_turns, format_penalty)
         if top_k < 1 or max_searches < 0:
             raise ValueError(f"top_k must be >= 1 and max_searches >= 0, got {top_k}, {max_searches}")
-        if data and not corpus:
-            raise ValueError("env.data for search needs env.corpus: the jsonl of passages its questions are about")
+        check_search_sources(data, corpus, retriever)
         self.top_k, self.max_searches = top_k, max_searches
         self.retriever = _retriever(retriever, corpus, kb_seed)
         if data:
