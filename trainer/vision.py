@@ -1,5 +1,7 @@
-"""Vision-language building blocks: a tiny Qwen2-VL built offline, images into model inputs, and
-boards drawn as pictures (the FrozenLake-VLM observation).
+"""Vision-language building blocks: a tiny Qwen2-VL / Qwen2.5-VL built offline, images into model
+inputs (placeholders expanded, per-row pixels for any slice of a batch), images kept as PNG bytes
+(the replay buffer's form: lossless and ~1% of the pixels' size), and boards drawn as pictures
+(the FrozenLake-VLM and Sokoban-VLM observations).
 
 No torchvision is needed: images are processed by transformers' PIL image processor for Qwen2-VL
 (`Qwen2VLImageProcessorPil`, the same patches and grids as the torchvision one), and prompts are
