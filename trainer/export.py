@@ -1,5 +1,5 @@
 """The trained policy as a Hugging Face folder (config.json, safetensors weights, tokenizer and
-chat template) that `AutoModelForCausalLM.from_pretrained` and vLLM load as they are.
+chat template; a VLM's image-processor config too) that `from_pretrained` and vLLM load as they are.
 
     freshper export RUN_DIR [--iteration N] OUT     # from a checkpoint (default: the latest)
     (a finished run also writes RUN_DIR/final/)
@@ -15,14 +15,32 @@ from pathlib import Path
 from . import checkpoint as ckpt
 
 
-def save_hf(model, tokenizer, out: Path, net=None, dist=None) -> Path:
-    """Write `model` and `tokenizer` as a Hugging Face folder (safetensors). On several ranks
-    (`dist`) `net` is the sharded PolicyNet around `model`: its full weights are gathered to
-    rank 0's host memory (collective: every rank calls this) and rank 0 writes the folder."""
+def _copy_processor(source, out: Path) -> None:
+    """A VLM's preprocessor_config.json from the model folder it was loaded from, if it has one."""
+    import shutil
+
+    if source is not None and (Path(source) / "preprocessor_config.json").is_file():
+        shutil.copy(Path(source) / "preprocessor_config.json", out / "preprocessor_config.json")
+
+
+def auto_class(path: str):
+    """The transformers auto class for the model at `path`: image-text-to-text for a VLM."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if hasattr(AutoConfig.from_pretrained(path), "vision_config") \
+        else AutoModelForCausalLM
+
+
+def save_hf(model, tokenizer, out: Path, net=None, dist=None, source=None) -> Path:
+    """Write `model` and `tokenizer` as a Hugging Face folder (safetensors), with the image
+    processor config of the model folder `source` when it has one. On several ranks (`dist`)
+    `net` is the sharded PolicyNet around `model`: its full weights are gathered to rank 0's host
+    memory (collective: every rank calls this) and rank 0 writes the folder."""
     out = Path(out)
     if dist is None or not dist.on:
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        _copy_processor(source, out)
         return out
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -31,6 +49,7 @@ def save_hf(model, tokenizer, out: Path, net=None, dist=None) -> Path:
         sd = {k.removeprefix("model."): v for k, v in full.items()}
         model.save_pretrained(out, state_dict=sd, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        _copy_processor(source, out)
     dist.barrier()
     return out
 
@@ -51,28 +70,30 @@ def export(run_dir, out, iteration: int | None = None) -> Path:
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = checkpoint_dir(Path(run_dir), iteration)
     state = json.loads((path / "state.json").read_text())
-    tok = AutoTokenizer.from_pretrained(state["model_path"])
+    src = state["model_path"]
+    tok = AutoTokenizer.from_pretrained(src)
+    auto = auto_class(src)
     if (path / "dcp").is_dir():  # saved by several ranks: torch.distributed.checkpoint, read whole here
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         from .sharding import PolicyNet
 
-        net = PolicyNet(AutoModelForCausalLM.from_pretrained(state["model_path"], dtype=torch.float32))
+        net = PolicyNet(auto.from_pretrained(src, dtype=torch.float32))
         sd = {"model": get_model_state_dict(net)}
         dcp.load(sd, checkpoint_id=str(path / "dcp"))
         set_model_state_dict(net, sd["model"])
-        return save_hf(net.model, tok, out)
+        return save_hf(net.model, tok, out, source=src)
     weights = path / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
     torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(state["model_path"], dtype=torch_dtype)
+    model = auto.from_pretrained(src, dtype=torch_dtype)
     missing, _ = load_model(model, str(weights), strict=False)
     if [m for m in missing if m != "lm_head.weight"]:  # a tied head is saved once
-        raise ValueError(f"{weights} does not match the model at {state['model_path']}: missing {missing[:3]}")
-    return save_hf(model, tok, out)
+        raise ValueError(f"{weights} does not match the model at {src}: missing {missing[:3]}")
+    return save_hf(model, tok, out, source=src)

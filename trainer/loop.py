@@ -515,7 +515,8 @@ class Trainer:
                 cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget)):
             from .export import save_hf
 
-            final = save_hf(self.model, self.tok, self.run_dir / "final", net=self.policy.net, dist=self.dist)
+            final = save_hf(self.model, self.tok, self.run_dir / "final", net=self.policy.net, dist=self.dist,
+                            source=self.model_path)
             if main:
                 log.info("trained policy as a Hugging Face folder: %s", final)
         if not main:

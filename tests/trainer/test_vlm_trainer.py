@@ -68,6 +68,23 @@ def test_replayed_rows_are_scored_on_their_own_images(run):
     assert (tr.policy.logprobs(b.tokens, b.mask, vision=replayed) - want).abs().max() > 1e-4
 
 
+def test_a_trained_vlm_exports_as_a_folder_that_loads_with_its_image_processor(run, tmp_path):
+    """RUN/final/ and `freshper export` hold the image processor config beside the weights, so
+    the folder loads as the VLM it is (and `freshper eval` can show it pictures)."""
+    from transformers import AutoModelForImageTextToText
+
+    from freshper.trainer.export import export
+    from freshper.trainer.vision import image_processor
+
+    tr, _ = run
+    for folder in (tr.run_dir / "final", export(tr.run_dir, tmp_path / "exported")):
+        assert (folder / "preprocessor_config.json").is_file()
+        image_processor(folder)
+        m = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+        for (n, a), (_, b) in zip(tr.model.state_dict().items(), m.state_dict().items()):
+            assert torch.equal(a, b), n
+
+
 def test_resume_keeps_the_buffers_images(tmp_path):
     a = Trainer(vlm(**{"train.iterations": 2}), tmp_path / "r")
     a.run(iterations=1)
