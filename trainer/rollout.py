@@ -53,7 +53,7 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     `processor`: a VLM's image processor, needed by environments that show images."""
     phase = phase or (lambda name: nullcontext())
     envs = [make_env(env_name, **env_kwargs) for _ in range(len(seeds) * group_size)]
-    vision = envs[0].vision
+    vision, stop = envs[0].vision, envs[0].stop_strings
     if vision and processor is None:
         raise ValueError(f"env.name={env_name!r} shows images: it needs a vision-language model (one with an image "
                          "processor, e.g. Qwen2.5-VL); model.path names a text-only model")
@@ -77,9 +77,9 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         with phase("generate"):
             if vision:
                 ins = [eps[i].vision_inputs() for i in active]
-                gen = engine.generate([v.input_ids for v in ins], max_new_tokens, sampling, images=ins)
+                gen = engine.generate([v.input_ids for v in ins], max_new_tokens, sampling, stop, images=ins)
             else:
-                gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling)
+                gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling, stop)
         with phase("env_step"):
             for j, i in enumerate(active):
                 text = eps[i].add_reply(gen.token_ids[j], gen.logprobs[j])

@@ -96,3 +96,44 @@ def test_a_full_context_ends_the_episode_and_never_cuts_tokens():
     assert (row_lengths(ep.mask) <= small).all()
     with pytest.raises(ValueError, match="rollout.max_len"):
         rollout(engine, tok, "frozenlake", env_kwargs(cfg), [1], 1, 8, 20, FULL)
+
+
+def check_stop_strings(engine, tok, prompts):
+    """A reply ends at the token that completes a stop string, even one spanning tokens: replies
+    sampled with `stop` are the replies sampled (same seed) without it, cut there (log-probs
+    too), in a batch where other rows run on. Shared by the hf and vllm engine tests."""
+    from freshper.trainer.engines.base import cut_at_stop
+
+    torch.manual_seed(3)
+    free = engine.generate(prompts, 12, FULL)
+    ids0 = free.token_ids[0]
+    assert len(ids0) >= 6, "the untrained model's reply should run on"
+    stop = tok.decode(ids0[3:5], skip_special_tokens=False)
+    torch.manual_seed(3)
+    cut = engine.generate(prompts, 12, FULL, (stop,))
+    cuts = [cut_at_stop(tok, ids, (stop,)) for ids in free.token_ids]
+    assert cuts[0] <= 5 and max(len(i) for i in free.token_ids) > cuts[0], "row 0 stops while another runs on"
+    for ids, lp, got, got_lp, n in zip(free.token_ids, free.logprobs, cut.token_ids, cut.logprobs, cuts):
+        assert got == ids[:n]
+        assert stop in tok.decode(got, skip_special_tokens=False) or n == len(ids)
+        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(lp[:n]), atol=1e-5, rtol=0)
+
+
+def test_hf_replies_end_at_stop_strings():
+    cfg, model, tok = setup()
+    env = __import__("freshper.trainer.envs", fromlist=["make_env"]).make_env("frozenlake", **env_kwargs(cfg))
+    prompts = [Episode(tok, env.opening(env.reset(s), 8)).ids for s in range(3)]
+    check_stop_strings(HFEngine(model, tok), tok, prompts)
+
+
+def test_cut_at_stop_finds_strings_across_tokens():
+    from freshper.trainer.engines.base import cut_at_stop
+
+    class Chars:  # a tokenizer whose tokens are characters
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i) for i in ids)
+
+    ids = [ord(c) for c in "ab</sea" + "rch>cd"]
+    assert cut_at_stop(Chars(), ids, ("</search>",)) == len("ab</search>")
+    assert cut_at_stop(Chars(), ids, ("zz",)) == len(ids) and cut_at_stop(Chars(), ids, ()) == len(ids)
+    assert cut_at_stop(Chars(), ids, ("zz", "b<")) == 3, "the first occurrence of any"

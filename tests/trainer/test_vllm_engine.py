@@ -62,6 +62,13 @@ def test_logprobs_agree_with_the_trainer(trainer):
     torch.testing.assert_close(recomputed[mask], elogp[mask], atol=1e-4, rtol=0)
 
 
+def test_replies_end_at_stop_strings(trainer):
+    """vLLM's stop strings cut a reply where the hf engine's cut does (tests/trainer/test_rollout.py)."""
+    from .test_rollout import check_stop_strings
+
+    check_stop_strings(trainer.engine, trainer.tok, prompts(trainer, 3))
+
+
 def test_weight_sync_changes_outputs_like_a_fresh_engine(trainer, tmp_path):
     ps = prompts(trainer)
     before = trainer.engine.generate(ps, 6, GREEDY).token_ids

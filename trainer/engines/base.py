@@ -30,15 +30,31 @@ class Sampling:
         return self.temperature == 0
 
 
+def cut_at_stop(tokenizer, ids: list[int], stop: tuple[str, ...]) -> int:
+    """How many of the reply `ids` to keep: up to and including the token whose text completes
+    the first occurrence of a `stop` string in the reply's text (all of them if none occurs)."""
+    if not stop:
+        return len(ids)
+    # a stop string of c characters spans at most c tokens; a few more so that a multi-byte
+    # character split over tokens decodes whole at the window's end
+    window = max(map(len, stop)) + 4
+    for n in range(1, len(ids) + 1):
+        if any(s in tokenizer.decode(ids[max(0, n - window):n], skip_special_tokens=False) for s in stop):
+            return n
+    return len(ids)
+
+
 class Engine(ABC):
     """Samples responses with per-token log-probs; keeps its weights equal to the trainer's."""
 
     name = "engine"
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
+                 stop: tuple[str, ...] = ()) -> Generation:
         """Sample one reply per prompt (token ids) as `sampling` says, with the log-prob of each
-        token under that sampling distribution."""
+        token under that sampling distribution. A reply ends at a stop token, at the token that
+        completes one of the `stop` strings (kept, as generated), or at max_new_tokens."""
 
     @abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> float:

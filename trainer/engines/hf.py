@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..model import stop_token_ids
-from .base import Engine, Generation, Sampling
+from .base import Engine, Generation, Sampling, cut_at_stop
 
 
 class HFEngine(Engine):
@@ -24,9 +24,10 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 images: list | None = None) -> Generation:
-        """`images`: for a VLM, one trainer.vision.VisionInputs per prompt (its pixels and grids;
-        the prompt's ids already hold the image placeholders)."""
+                 stop: tuple[str, ...] = (), images: list | None = None) -> Generation:
+        """`stop`: strings that end a reply (after the token completing one). `images`: for a
+        VLM, one trainer.vision.VisionInputs per prompt (its pixels and grids; the prompt's ids
+        already hold the image placeholders)."""
         if not prompts:
             return Generation([], [])
         device = next(self.model.parameters()).device
@@ -76,6 +77,9 @@ class HFEngine(Engine):
                 if t in self.stops:
                     n = j + 1
                     break
+            # Cut here, not by generate's stop_strings: those also match across the prompt's end, where a
+            # reply's own text is what counts (as in vLLM); rows run on until every row stops
+            n = cut_at_stop(self.tok, row[:n], stop)
             token_ids.append(row[:n])
             logprobs.append(logp[i, :n].tolist())
         return Generation(token_ids, logprobs)

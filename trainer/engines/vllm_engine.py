@@ -31,7 +31,7 @@ import time
 import torch
 
 from ..model import pick_dtype, stop_token_ids
-from .base import Engine, Generation, Sampling
+from .base import Engine, Generation, Sampling, cut_at_stop
 
 log = logging.getLogger("freshper")
 
@@ -148,7 +148,8 @@ class VLLMEngine(Engine):
         # The trainer's weights may already differ from the files (warm start, resume).
         self.sync_weights(model)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling) -> Generation:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
+                 stop: tuple[str, ...] = ()) -> Generation:
         if not prompts:
             return Generation([], [])
         from vllm import SamplingParams
@@ -159,12 +160,14 @@ class VLLMEngine(Engine):
         params = [SamplingParams(temperature=0.0 if g else sampling.temperature, top_k=sampling.top_k if
                                  sampling.top_k > 0 and not g else 0, top_p=1.0 if g else sampling.top_p,
                                  max_tokens=max_new_tokens, logprobs=0, stop_token_ids=self.stops, seed=s,
-                                 skip_special_tokens=False, detokenize=False) for s in seeds]
+                                 skip_special_tokens=False, detokenize=bool(stop), stop=list(stop) or None,
+                                 include_stop_str_in_output=True) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         token_ids, logprobs = [], []
         for o in outs:
             c = o.outputs[0]
             ids = list(c.token_ids)
+            ids = ids[:cut_at_stop(self.tok, ids, stop)]  # the same cut as the hf engine's, token-exact
             token_ids.append(ids)
             logprobs.append([float(step[t].logprob) for step, t in zip(c.logprobs, ids)])
         return Generation(token_ids, logprobs)

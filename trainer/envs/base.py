@@ -56,6 +56,7 @@ class TextEnv:
 
     prompt_sets = ("roll",)  # the prompt wordings this environment has (chat.PROMPTS)
     vision = False  # True: messages show images (a vision-language model's environment)
+    stop_strings: tuple[str, ...] = ()  # texts that end a reply (a tool call: the environment answers it)
 
     def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll"):
         if max_turns <= 0:

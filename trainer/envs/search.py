@@ -150,6 +150,9 @@ def _retriever(spec: str, corpus: str, seed: int):
 class Search(QuestionEnv):
     name = "search"
     instruction = INSTRUCTION
+    # A reply ends with its query or its answer (as Search-R1 cuts replies): the passages must come
+    # from the retriever, never from the model writing on past </search>.
+    stop_strings = ("</search>", "</answer>")
 
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
                  eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",
