@@ -81,7 +81,9 @@ class Episode:
             if images:
                 raise ValueError("images given to an episode without an image processor (a text-only model)")
             return ids
-        from .vision import expand_ids, process, to_png
+        from freshper.images import to_png
+
+        from .vision import expand_ids, process
 
         pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
         if not images:

@@ -327,7 +327,7 @@ class Trainer:
                              else self.policy.logprobs(tokens, mask, vision=ep.vision))
                 images = {}
                 if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
-                    from .vision import pack_pngs
+                    from freshper.images import pack_pngs
 
                     images["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
                 self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
@@ -416,7 +416,9 @@ class Trainer:
         """A replay batch's images, decoded from the PNG bytes the buffer keeps (None: text env)."""
         if "images" not in b.fields:
             return None
-        from .vision import VisionRows, unpack_pngs
+        from freshper.images import unpack_pngs
+
+        from .vision import VisionRows
 
         return VisionRows.from_pngs(self.processor, unpack_pngs(b.images),
                                     self.tok.convert_tokens_to_ids("<|image_pad|>"))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from freshper.images import from_png
+
 VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # An image in a message's text, as Qwen2-VL's chat template renders one: a single <|image_pad|>
 # that the tokenised prompt then expands to one pad per merged patch (`expand_ids`).
@@ -118,51 +120,6 @@ def expand_ids(ids: list[int], pad: int, counts: list[int]) -> list[int]:
 
 
 # --------------------------------------------------------------- images of a batch of rows
-def to_png(image) -> bytes:
-    """Lossless bytes of an RGB image: decoding them gives the same pixels, so the same model inputs."""
-    import io
-
-    buf = io.BytesIO()
-    image.convert("RGB").save(buf, format="PNG", optimize=False)
-    return buf.getvalue()
-
-
-def from_png(data: bytes):
-    import io
-
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data)).convert("RGB")
-
-
-def pack_pngs(rows: list[list[bytes]], width: int) -> torch.Tensor:
-    """(R, width) uint8: per row [image count (4 bytes), then per image its length (4 bytes) and
-    PNG bytes], zero-filled: a fixed-width field the replay buffer can hold on the device.
-    ValueError if a row's images need more than `width` bytes."""
-    out = torch.zeros((len(rows), width), dtype=torch.uint8)
-    for r, pngs in enumerate(rows):
-        blob = len(pngs).to_bytes(4, "little") + b"".join(len(p).to_bytes(4, "little") + p for p in pngs)
-        if len(blob) > width:
-            raise ValueError(f"an episode's {len(pngs)} image(s) take {len(blob)} bytes as PNG, over "
-                             f"rollout.image_bytes={width}; raise rollout.image_bytes")
-        out[r, :len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    return out
-
-
-def unpack_pngs(packed: torch.Tensor) -> list[list[bytes]]:
-    """The inverse of pack_pngs (rows of any device)."""
-    rows = []
-    for row in packed.cpu().numpy():
-        data = row.tobytes()
-        n, at, pngs = int.from_bytes(data[:4], "little"), 4, []
-        for _ in range(n):
-            size = int.from_bytes(data[at:at + 4], "little")
-            pngs.append(data[at + 4:at + 4 + size])
-            at += 4 + size
-        rows.append(pngs)
-    return rows
-
-
 class VisionRows:
     """The images of a batch of token rows, ready for a Qwen2-VL forward on any slice of rows:
     per row its pixel values and grids (in placeholder order)."""

@@ -130,7 +130,8 @@ def _vl_episode(vl, n_images=1):
 
 
 def test_an_episode_expands_each_image_and_keeps_it_as_png(vl):
-    from freshper.trainer.vision import from_png, process
+    from freshper.images import from_png
+    from freshper.trainer.vision import process
 
     _, tok, proc = vl
     ep, pics = _vl_episode(vl, 2)
@@ -169,22 +170,10 @@ def test_a_turn_that_does_not_fit_keeps_no_image(vl):
     assert len(ep.pngs) == 2 and ep.vision_inputs().image_grid_thw.shape == (2, 3)
 
 
-def test_packed_pngs_come_back_exactly_and_a_full_row_is_named():
-    from freshper.trainer.vision import pack_pngs, to_png, unpack_pngs
-
-    rows = [[to_png(draw_board(b, 28)) for b in boards(3)], [], [to_png(draw_board(boards(1)[0], 4))]]
-    packed = pack_pngs(rows, 4096)
-    assert packed.dtype == torch.uint8 and packed.shape == (3, 4096)
-    assert unpack_pngs(packed) == rows
-    need = 4 + sum(4 + len(p) for p in rows[0])
-    pack_pngs(rows[:1], need)  # exactly enough
-    with pytest.raises(ValueError, match=f"take {need} bytes as PNG, over rollout.image_bytes={need - 1}"):
-        pack_pngs(rows[:1], need - 1)
-
-
 def test_replayed_images_give_the_same_model_inputs(vl):
     """What the buffer brings back (PNG bytes -> pixels) equals what the rollout processed."""
-    from freshper.trainer.vision import VisionRows, pack_pngs, unpack_pngs
+    from freshper.images import pack_pngs, unpack_pngs
+    from freshper.trainer.vision import VisionRows
 
     _, tok, proc = vl
     eps = [_vl_episode(vl, k)[0] for k in (1, 2)]

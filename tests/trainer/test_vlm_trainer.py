@@ -47,10 +47,10 @@ def test_replayed_rows_are_scored_on_their_own_images(run):
     """Rows stored in the trainer's buffer and drawn back are scored on images decoded from the
     buffer's bytes exactly as the rollout's own pixels score them: the buffer brings back what
     the model saw. Swapping two rows' images changes the result (the check can fail)."""
+    from freshper.images import pack_pngs
     from freshper.trainer.engines import Sampling
     from freshper.trainer.model import env_kwargs
     from freshper.trainer.rollout import rollout
-    from freshper.trainer.vision import pack_pngs
 
     tr, _ = run
     cfg = tr.cfg
