@@ -35,6 +35,12 @@ What it adds to GRPO (TRL 1.x):
   every rank must join each backward. Checkpoints hold every rank's buffer; a resume on another
   number of processes redeals them (freshper.distributed.reshard). `replay_fill_zero_variance`
   draws from the rank's own buffer.
+- Vision-language models (a processor as `processing_class`, images in the dataset's `image` or
+  `images` column): each completion's images are stored as PNG bytes (freshper.images,
+  `replay_image_bytes` per completion) and a replay step rebuilds `pixel_values`,
+  `image_grid_thw` and `mm_token_type_ids` from them with the processor's image processor, so
+  a replayed completion is scored on exactly the pixels it was generated from. One process only,
+  and without `replay_fill_zero_variance` (both refused with a message).
 """
 from __future__ import annotations
 
@@ -87,6 +93,8 @@ class FreshPERGRPOConfig(GRPOConfig):
     replay_max_prompt_length: int = _opt(512, "prompt tokens stored per completion (a longer prompt is an error "
                                                "while replay is on; nothing is stored with replay off)")
     replay_seed: int = _opt(0, "seed of the buffer's sampling")
+    replay_image_bytes: int = _opt(65536, "vision-language models: bytes per completion for its images as PNG "
+                                          "(a completion needing more is an error)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,6 +105,7 @@ class FreshPERGRPOConfig(GRPOConfig):
             "replay_batch_size": (self.replay_batch_size >= 0, ">= 0"),
             "replay_capacity": (self.replay_capacity > 0, "> 0"),
             "replay_max_prompt_length": (self.replay_max_prompt_length > 0, "> 0"),
+            "replay_image_bytes": (self.replay_image_bytes >= 64, ">= 64"),
         }
         for name, (ok, allowed) in checks.items():
             if not ok:
@@ -154,6 +163,13 @@ class FreshPERGRPOTrainer(GRPOTrainer):
                                           device=self.accelerator.device, seed=a.replay_seed)
         self._rewards = None
         self._sampler = None  # the global draw over every rank's buffer, made at the first replay step
+        if self._is_vlm and a.replay_on:
+            if a.replay_fill_zero_variance:
+                raise ValueError("replay_fill_zero_variance with a vision-language model is not supported (the "
+                                 "filled rows' images would have to replace the batch's pixel values); set it False")
+            if self.accelerator.num_processes > 1:
+                raise ValueError("replay with a vision-language model runs on one process so far; got "
+                                 f"{self.accelerator.num_processes}")
         self.add_callback(_ReplayAfterStep(self))
 
     # ------------------------------------------------------------------------- storing
@@ -169,19 +185,32 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         ids, mask = out["completion_ids"], out["completion_mask"]
         behaviour = out.get("old_per_token_logps")
         if behaviour is None:  # TRL skips it when on-policy; replay needs the generating policy's log-probs
+            vision = {k: out[k] for k in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
+                      if k in out}
             with torch.no_grad():
                 behaviour = self._get_per_token_logps_and_entropies(
                     self.model, torch.cat([out["prompt_ids"], ids], 1), torch.cat([out["prompt_mask"], mask], 1),
-                    ids.size(1), self.args.per_device_train_batch_size)[0]
+                    ids.size(1), self.args.per_device_train_batch_size, **vision)[0]
         n = ids.size(0)
         start = self.accelerator.process_index * n
         rewards = self._rewards[start:start + n].float()
-        self._store(out, behaviour, rewards)
+        self._store(out, behaviour, rewards, self._pngs(inputs) if self._is_vlm else None)
         if self.args.replay_fill_zero_variance:
             out = self._fill_zero_variance(out, behaviour)
         return out
 
-    def _store(self, out, behaviour, rewards) -> None:
+    @staticmethod
+    def _pngs(inputs) -> list[list[bytes]]:
+        """Each example's images (TRL's `images` or `image` column) as PNG bytes, in prompt order."""
+        from freshper.images import to_png
+
+        rows = []
+        for ex in inputs:
+            imgs = ex.get("images") if "images" in ex else ([ex["image"]] if ex.get("image") is not None else [])
+            rows.append([to_png(im) for im in (imgs or [])])
+        return rows
+
+    def _store(self, out, behaviour, rewards, pngs=None) -> None:
         a = self.args
         P, C = a.replay_max_prompt_length, a.max_completion_length
         # Only the columns that hold tokens: TRL pads to pad_to_multiple_of, which may exceed
@@ -206,7 +235,36 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             prompt_ids=_pad_to(out["prompt_ids"], P, True, pad), prompt_mask=_pad_to(out["prompt_mask"], P, True, 0),
             completion_ids=_pad_to(out["completion_ids"], C, False, pad),
             completion_mask=_pad_to(out["completion_mask"], C, False, 0),
-            logp=_pad_to(behaviour.float(), C, False, 0.0), adv=adv, reward=rewards)
+            logp=_pad_to(behaviour.float(), C, False, 0.0), adv=adv, reward=rewards, **self._image_field(pngs))
+
+    def _image_field(self, pngs) -> dict:
+        if pngs is None:
+            return {}
+        from freshper.images import pack_pngs
+
+        return {"images": pack_pngs(pngs, self.args.replay_image_bytes, "replay_image_bytes").to(
+            self.replay_buffer.device)}
+
+    def _replay_vision(self, ids, b) -> dict:
+        """A replayed batch's VLM inputs rebuilt from its stored PNGs (empty for a text model)."""
+        if "images" not in b.fields:
+            return {}
+        from freshper.images import from_png, unpack_pngs
+
+        rows = unpack_pngs(b.images)
+        flat = [from_png(p) for row in rows for p in row]
+        out = {"num_images": [len(r) for r in rows],
+               "mm_token_type_ids": (ids == self._image_pad_token_id).long()}
+        if flat:
+            px = self.processing_class.image_processor(images=flat, return_tensors="pt")
+            out.update(pixel_values=px["pixel_values"].to(ids.device),
+                       image_grid_thw=px["image_grid_thw"].to(ids.device))
+        return out
+
+    def replay_logps(self, model, ids, att, c1, b) -> torch.Tensor:
+        """(B, c1) log-probs of a replayed batch's completion tokens under `model` (with its images)."""
+        return self._get_per_token_logps_and_entropies(model, ids, att, c1, ids.size(0),
+                                                       **self._replay_vision(ids, b))[0]
 
     def _pad_id(self) -> int:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)  # a processor wraps one
@@ -229,7 +287,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         a = self.args
         agg, per_length = REPLAY_AGG[a.loss_type]
         # the wrapped model (DDP / FSDP under several processes): its backward reduces the gradients
-        logps = self._get_per_token_logps_and_entropies(self.model_wrapped, ids, att, c1, ids.size(0))[0]
+        logps = self.replay_logps(self.model_wrapped, ids, att, c1, b)
         weights = b.weights.float() if a.replay_is_weights else None
         mask = b.completion_mask[:, :c1].bool()
         old = b.logp[:, :c1]
@@ -240,7 +298,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
                 raise ValueError("beta > 0 needs a reference model for the replay steps' KL term (TRL made none: "
                                  "a PEFT model?); set beta=0 or replay_updates=0")
             with torch.no_grad():
-                ref = self._get_per_token_logps_and_entropies(self.ref_model, ids, att, c1, ids.size(0))[0]
+                ref = self.replay_logps(self.ref_model, ids, att, c1, b)
             d = ref - logps
             kl = torch.exp(d) - d - 1
             if getattr(a, "use_bias_correction_kl", False):
