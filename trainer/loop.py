@@ -29,7 +29,7 @@ from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
-from .config import VISION_ENVS, Config, buffer_insert, to_yaml
+from .config import Config, buffer_insert, to_yaml
 from .dist import SINGLE, Dist
 from .drift import DriftTau
 from .engines import Sampling, make_engine
@@ -106,8 +106,6 @@ def check_world(cfg: Config, world: int) -> None:
         bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
     if a.mode != "on-policy" and a.capacity % world:
         bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
-    if cfg.env.name in VISION_ENVS:
-        bad.append(f"env.name={cfg.env.name!r}: vision-language training runs on one process so far")
     if a.mode != "on-policy" and a.replay_unit != "trajectory":
         bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
                    "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
@@ -183,13 +181,14 @@ class Trainer:
         # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
         # steps advance the schedule too), or every optimizer step of the run.
         horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else 1 + self.K)
-        excluded = None
+        excluded = stand_in = None
         if self.processor is not None:  # the engine never samples vision tokens (a reply cannot hold an image)
-            from .vision import suppressed_ids
+            from .vision import stand_in_row, suppressed_ids
 
             excluded = suppressed_ids(self.tok)
+            stand_in = stand_in_row(self.tok, self.processor) if dist.on else None
         self.policy = Policy(self.model, cfg, self.device, total_steps=horizon, dist=dist, compute_dtype=compute,
-                             exclude_ids=excluded)
+                             exclude_ids=excluded, stand_in=stand_in)
         self.model = self.policy.model
         if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
             seed_everything(cfg.train.seed + 104_729 * dist.rank)

@@ -58,13 +58,16 @@ def _empty(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 
 class Policy:
     def __init__(self, model, cfg: Config, device: torch.device, total_steps: int = 1, dist: Dist = SINGLE,
-                 compute_dtype: torch.dtype | None = None, exclude_ids: list[int] | None = None):
+                 compute_dtype: torch.dtype | None = None, exclude_ids: list[int] | None = None, stand_in=None):
         """`model` a Hugging Face causal LM on `device`. With `dist.world` > 1 it is sharded here
         (FSDP2, in place; `compute_dtype` the mixed-precision compute dtype, None: the weights'
         own) and the optimizer holds this rank's shards. `exclude_ids`: tokens the engine never
         samples (a VLM's vision tokens), out of the policy's softmax as they are out of the
-        sampler's, so the ratio compares the distributions sampled from."""
+        sampler's, so the ratio compares the distributions sampled from. `stand_in`: a VLM's
+        (tokens (1, n), VisionRows) row with an image, the stand-in micro-batch of a rank with no
+        rows left, so that the vision tower joins every rank's forward and backward too."""
         self.cfg, self.device, self.dist = cfg, device, dist
+        self.stand_in = stand_in
         self.exclude = torch.tensor(exclude_ids, dtype=torch.long, device=device) if exclude_ids else None
         a = cfg.algo
         ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
@@ -86,10 +89,16 @@ class Policy:
         n = torch.tensor([-(-rows // mb)], device=self.device)
         return int(self.dist.max(n)[0])
 
-    def _dummy(self):
-        """(tokens, lengths) of the stand-in micro-batch: one row of two tokens."""
+    def _dummy(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(tokens, lengths, vision inputs) of the stand-in micro-batch: one row of two tokens, or
+        a VLM's row with an image."""
+        if self.stand_in is not None:
+            tokens, vision = self.stand_in
+            tokens = tokens.to(self.device)
+            return tokens, torch.full((1,), tokens.shape[1], dtype=torch.long, device=self.device), \
+                vision.kwargs(slice(0, 1), tokens)
         return (torch.zeros((1, 2), dtype=torch.long, device=self.device),
-                torch.full((1,), 2, dtype=torch.long, device=self.device))
+                torch.full((1,), 2, dtype=torch.long, device=self.device), {})
 
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
@@ -107,7 +116,8 @@ class Policy:
             n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0
             if n == 0:
                 if self.dist.on:
-                    net(*self._dummy(), _empty)
+                    tk, n, vis = self._dummy()
+                    net(tk, n, _empty, **vis)
                 continue
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             sel = mk[:, 1:]
@@ -149,7 +159,8 @@ class Policy:
             n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0  # the one host sync: the row width
             if n == 0:
                 if self.dist.on:
-                    self.net(*self._dummy(), _empty).backward()
+                    tk, n, vis = self._dummy()
+                    self.net(tk, n, _empty, **vis).backward()
                 continue
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             micro_tok = mk[:, 1:].sum()

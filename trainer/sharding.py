@@ -69,14 +69,15 @@ class PolicyNet(nn.Module):
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a Hugging Face decoder (the units FSDP gathers one at a time)."""
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+    for path in ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers",
+                 "model.decoder.layers"):
         m = model
         for name in path.split("."):
             m = getattr(m, name, None)
         if isinstance(m, nn.ModuleList):
             return list(m)
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard; "
-                     "expected model.layers (Llama, Qwen, Mistral) or transformer.h (GPT-2)")
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard; expected model.layers "
+                     "(Llama, Qwen, Mistral), model.language_model.layers (Qwen2-VL) or transformer.h (GPT-2)")
 
 
 def shard(net: PolicyNet, dtype: torch.dtype | None, mesh=None) -> PolicyNet:

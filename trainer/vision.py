@@ -152,6 +152,16 @@ class VisionRows:
                 "mm_token_type_ids": (tokens == self.image_token_id).int()}
 
 
+def stand_in_row(tokenizer, processor) -> tuple[torch.Tensor, "VisionRows"]:
+    """A (1, n) token row holding one small black image, and its VisionRows: what a rank with no
+    rows left runs so that, under FSDP, its vision tower takes part in every collective."""
+    from PIL import Image
+
+    side = int((getattr(processor, "min_pixels", None) or processor.size.shortest_edge) ** 0.5) + 1
+    v = expand(tokenizer, processor, ["", " ."], [Image.new("RGB", (side, side))])
+    return torch.tensor([v.input_ids]), VisionRows([v.pixel_values], [v.image_grid_thw], v.image_token_id)
+
+
 # ------------------------------------------------------------------------ pictures of boards
 COLOURS = {"_": (235, 245, 255), "O": (20, 40, 120), "G": (40, 170, 60), "P": (220, 40, 40), "X": (120, 20, 120),
            "√": (240, 200, 0), "#": (90, 90, 90), "S": (220, 120, 40)}

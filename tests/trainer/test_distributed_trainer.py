@@ -231,3 +231,23 @@ def test_every_rank_starts_from_rank_0s_weights(tmp_path):
     mp.spawn(_broadcast_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     a, b = (torch.load(tmp_path / f"{r}.pt") for r in range(2))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_vision_language_model_trains_on_two_ranks_like_one_process(tmp_path):
+    """FrozenLake-VLM with the tiny Qwen2-VL: images reach every rank's forward and the sharded
+    on-policy step equals one process's. Replay batches split unevenly over the ranks, so a rank
+    runs stand-in micro-batches; they hold an image, so that the vision tower joins every
+    collective (with a text-only stand-in the ranks abort: checked once)."""
+    same = [*TINY, "--env.name", "frozenlake-vlm", "--env.image_pixels", "112", "--rollout.max_len", "1024",
+            "--model.tiny_hidden", "128", "--train.iterations", "2", "--rollout.top_k", "1", "--algo.advantage",
+            "reinforce++", "--algo.mode", "freshper", "--rollout.episodes", "6", "--rollout.group_size", "1",
+            "--algo.replay_batch", "5", "--algo.micro_batch", "2", "--algo.capacity", "32", "--train.sft_steps", "12"]
+    one = train(tmp_path, "one", 1, *same)
+    two = train(tmp_path, "two", 2, *same)
+    assert any(abs(r["loss"]) > 0.05 for r in one), "the premise: a batch with a learning signal"
+    for a, b in zip(one, two):
+        assert (a["env_steps"], a["gen_tokens"], a["image_bytes"]) == (b["env_steps"], b["gen_tokens"],
+                                                                      b["image_bytes"])
+        for key in ("loss", "grad_norm", "reward"):
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-6), (a["iteration"], key)
+        assert a["replay_rows"] == b["replay_rows"] == 5, "the replay batch's rows, over both ranks"
