@@ -116,8 +116,8 @@ class Policy:
             n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0
             if n == 0:
                 if self.dist.on:
-                    tk, n, vis = self._dummy()
-                    net(tk, n, _empty, **vis)
+                    tk, ln, vis = self._dummy()
+                    net(tk, ln, _empty, **vis)
                 continue
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             sel = mk[:, 1:]
@@ -132,11 +132,11 @@ class Policy:
     def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
         (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
-        rows. Returns detached scalar stats and two
-        estimates (R,) of each row's per-token KL(mu || pi) from this update's own log-probs, means
-        over its response tokens with d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never
-        negative; what the metrics and freshper-auto use), and "row_kl1", k1 = -d (unbiased, but
-        negative on a row where pi happens to favour the sampled tokens). On several ranks the
+        rows. Returns detached scalar stats and two estimates (R,) of each row's per-token
+        KL(mu || pi) from this update's own log-probs, means over its response tokens with
+        d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never negative; what the metrics and
+        freshper-auto use), and "row_kl1", k1 = -d (unbiased, but negative on a row where pi
+        happens to favour the sampled tokens). On several ranks the
         rows are this rank's share of the global batch and the scalar stats are global."""
         a = self.cfg.algo
         dev = self.device
@@ -159,8 +159,8 @@ class Policy:
             n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0  # the one host sync: the row width
             if n == 0:
                 if self.dist.on:
-                    tk, n, vis = self._dummy()
-                    self.net(tk, n, _empty, **vis).backward()
+                    tk, ln, vis = self._dummy()
+                    self.net(tk, ln, _empty, **vis).backward()
                 continue
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             micro_tok = mk[:, 1:].sum()
