@@ -239,9 +239,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
         if proc is not None:
             from .vision import VisionRows
 
-            ins = [ep.vision_inputs() for ep in rows]
-            vision = VisionRows([v.pixel_values for v in ins], [v.image_grid_thw for v in ins],
-                                ins[0].image_token_id).kwargs(slice(None), ids.to(device))
+            vision = VisionRows.of([ep.vision_inputs() for ep in rows]).kwargs(slice(None), ids.to(device))
         out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device), **vision)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()

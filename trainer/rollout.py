@@ -109,8 +109,7 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         from .vision import VisionRows
 
         pngs = [ep.pngs for ep in eps]
-        ins = [ep.vision_inputs() for ep in eps]
-        rows = VisionRows([v.pixel_values for v in ins], [v.image_grid_thw for v in ins], ins[0].image_token_id)
+        rows = VisionRows.of([ep.vision_inputs() for ep in eps])
         extra["image_bytes"] = sum(len(b) for ep_pngs in pngs for b in ep_pngs) / E  # PNG bytes per episode
     return Episodes(tokens, mask, elogp, turns,
                     torch.tensor([env.total_reward for env in envs], dtype=torch.float32),

@@ -128,6 +128,11 @@ class VisionRows:
         self.pixels, self.grids, self.image_token_id = pixels, grids, image_token_id
 
     @classmethod
+    def of(cls, inputs: list[VisionInputs]) -> "VisionRows":
+        """The rows of these VisionInputs (one per row, e.g. Episode.vision_inputs())."""
+        return cls([v.pixel_values for v in inputs], [v.image_grid_thw for v in inputs], inputs[0].image_token_id)
+
+    @classmethod
     def from_pngs(cls, processor, rows: list[list[bytes]], image_token_id: int) -> "VisionRows":
         """Decode and process each row's PNGs (the replay path: the buffer keeps bytes, not pixels)."""
         pixels, grids = [], []
@@ -159,7 +164,7 @@ def stand_in_row(tokenizer, processor) -> tuple[torch.Tensor, "VisionRows"]:
 
     side = int((getattr(processor, "min_pixels", None) or processor.size.shortest_edge) ** 0.5) + 1
     v = expand(tokenizer, processor, ["", " ."], [Image.new("RGB", (side, side))])
-    return torch.tensor([v.input_ids]), VisionRows([v.pixel_values], [v.image_grid_thw], v.image_token_id)
+    return torch.tensor([v.input_ids]), VisionRows.of([v])
 
 
 # ------------------------------------------------------------------------ pictures of boards
