@@ -66,18 +66,12 @@ def expand(tokenizer, processor, text_parts: list[str], images: list) -> VisionI
     if len(text_parts) != len(images) + 1:
         raise ValueError(f"text_parts must hold one more part than images: {len(text_parts)} parts, "
                          f"{len(images)} images")
-    conv = tokenizer.convert_tokens_to_ids
-    start, end, pad = conv("<|vision_start|>"), conv("<|vision_end|>"), conv("<|image_pad|>")
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     if images:
-        pixels, grids, _ = process(processor, images)
+        pixels, grids, counts = process(processor, images)
     else:
-        check_images(processor, images)
-        pixels, grids = torch.zeros(0, 3 * 2 * 14 * 14), torch.zeros(0, 3, dtype=torch.long)
-    merge = processor.merge_size ** 2
-    ids = tokenizer(text_parts[0], add_special_tokens=False)["input_ids"]
-    for i, part in enumerate(text_parts[1:]):
-        ids += [start] + [pad] * int(grids[i].prod() // merge) + [end]
-        ids += tokenizer(part, add_special_tokens=False)["input_ids"]
+        pixels, grids, counts = torch.zeros(0, 3 * 2 * 14 * 14), torch.zeros(0, 3, dtype=torch.long), []
+    ids = expand_ids(tokenizer(IMAGE.join(text_parts), add_special_tokens=False)["input_ids"], pad, counts)
     return VisionInputs(ids, pixels, grids, pad)
 
 

@@ -33,15 +33,18 @@ class Sampling:
 def cut_at_stop(tokenizer, ids: list[int], stop: tuple[str, ...]) -> int:
     """How many of the reply `ids` to keep: up to and including the token whose text completes
     the first occurrence of a `stop` string in the reply's text (all of them if none occurs)."""
-    if not stop:
+    def holds(n: int) -> bool:
+        text = tokenizer.decode(ids[:n], skip_special_tokens=False)
+        return any(s in text for s in stop)
+
+    if not stop or not holds(len(ids)):  # the common case: one decode
         return len(ids)
-    # a stop string of c characters spans at most c tokens; a few more so that a multi-byte
-    # character split over tokens decodes whole at the window's end
-    window = max(map(len, stop)) + 4
-    for n in range(1, len(ids) + 1):
-        if any(s in tokenizer.decode(ids[max(0, n - window):n], skip_special_tokens=False) for s in stop):
-            return n
-    return len(ids)
+    # a longer prefix holds whatever a shorter one holds: bisect for the first that does
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    return lo
 
 
 class Engine(ABC):
