@@ -7,6 +7,8 @@ success and eval score and their AUCs. A second table gives the replay diagnosti
 trainer/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu || pi) per
 token of replayed trajectories against their age, the age distribution of replayed
 trajectories, the IS-weight ESS over training, and for a tau sweep the AUCs against tau.
+A third table pairs each arm's seeds with the first arm's: seed s gives every arm the same
+initial states, so the per-seed difference removes what the states contribute.
 """
 from __future__ import annotations
 
@@ -206,6 +208,43 @@ def signal_table(by_label: dict, width: int = 40) -> str:
             + "\n".join(lines))
 
 
+PAIRED = ("auc", "final_success", "auc_eval_success", "final_eval_success")
+
+
+def paired(by_label: dict) -> dict:
+    """{label: {key: (mean, half-width, wins, n)}} for every arm after the first: the difference to
+    the first arm on the seeds both ran, its 95% t-interval, and on how many of them it is > 0."""
+    if len(by_label) < 2:
+        return {}
+    (_, items), *rest = by_label.items()
+    ref = {j["seed"]: s for j, _, s in items}
+    out = {}
+    for label, its in rest:
+        both = [(s, ref[j["seed"]]) for j, _, s in its if j["seed"] in ref]
+        if not both:
+            continue
+        out[label] = {}
+        for k in PAIRED:
+            d = [s[k] - r[k] for s, r in both]
+            out[label][k] = (*mean_ci(d), sum(x > 0 for x in d), len(d))
+    return out
+
+
+def paired_table(base: str, diffs: dict) -> str:
+    """Markdown for `paired`'s `diffs` against arm `base`; empty when there are none."""
+    if not diffs:
+        return ""
+    lines = [f"\n\nPaired by seed, difference to {base} (mean ± 95% t-interval over the seeds both ran; "
+             "in brackets, on how many seeds the arm is higher)\n",
+             "| arm | seeds | AUC (success) | final success | AUC (eval success) | final eval success |",
+             "|---|---|---|---|---|---|"]
+    for label, d in diffs.items():
+        n = d[PAIRED[0]][3]
+        cells = " | ".join(f"{_cell(m, h)} [{w}/{n}]" for m, h, w, _ in d.values())
+        lines.append(f"| {label} | {n} | {cells} |")
+    return "\n".join(lines)
+
+
 def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) -> str:
     """Write table.md, results.json, curves.png and command.txt into `out`; return the tables."""
     by_label: dict[str, list] = {}
@@ -213,7 +252,11 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
         rows = read(j["run"])
         by_label.setdefault(j["label"], []).append((j, rows, summarize(rows, budget)))
     table, summary = tables(by_label)
-    table = f"budget: {budget} env steps per run; " + table + signal_table(by_label)
+    diffs = paired(by_label)
+    for label, d in diffs.items():
+        summary[label]["paired"] = {k: dict(zip(("mean", "ci95", "higher", "seeds"), v)) for k, v in d.items()}
+    table = (f"budget: {budget} env steps per run; " + table + paired_table(next(iter(by_label)), diffs)
+             + signal_table(by_label))
     plot(out / "curves.png", by_label, summary, budget, sweep)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(summary, indent=1))

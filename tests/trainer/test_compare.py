@@ -75,3 +75,24 @@ def test_runs_go_seed_by_seed(tmp_path):
     assert [(j["seed"], j["label"]) for j in jobs[:4]] == [(0, "on-policy"), (0, "per"), (0, "freshper"),
                                                           (1, "on-policy")]
     assert len(jobs) == 9
+
+
+def test_paired_differences_match_arms_by_seed():
+    """Seed s of every arm saw the same states: differences pair runs by seed, not by position."""
+    from freshper.trainer.compare_report import PAIRED, paired, paired_table
+
+    def arm(seeds, aucs):
+        return [({"seed": s}, [], {k: a for k in PAIRED}) for s, a in zip(seeds, aucs)]
+
+    by_label = {"on-policy": arm([0, 1, 2], [0.10, 0.20, 0.30]),
+                "freshper": arm([2, 0, 1], [0.35, 0.12, 0.19]),  # listed out of seed order
+                "per": arm([0, 1], [0.05, 0.20])}  # a tie is not a win
+    d = paired(by_label)
+    m, h, wins, n = d["freshper"]["auc"]
+    diffs = [0.02, -0.01, 0.05]
+    assert (wins, n) == (2, 3) and m == pytest.approx(sum(diffs) / 3)
+    assert h == pytest.approx(mean_ci(diffs)[1])
+    assert d["per"]["auc"][2:] == (0, 2) and d["per"]["auc"][0] == pytest.approx(-0.025)
+    table = paired_table("on-policy", d)
+    assert "difference to on-policy" in table and "| freshper | 3 | 0.020 ± " in table and "[2/3]" in table
+    assert paired({"on-policy": by_label["on-policy"]}) == {} and paired_table("on-policy", {}) == ""
