@@ -8,6 +8,15 @@ from freshper.trainer.envs.frozenlake import reachable
 from freshper.trainer.envs.sokoban import solve
 
 
+@pytest.mark.parametrize("reply,want", [
+    ("<answer><answer>Left</answer>", "Left"), ("<answer>Left<|im_end|></answer>", "Left"),
+    ("<answer><think>Down</think></answer>", "Down"), ("<answer> <|im_start|>up </answer>", "Up"),
+    ("<answer>Left Down</answer>", None), ("<answer></answer>", None),
+])
+def test_parse_action_drops_the_tags_the_authors_parser_drops(reply, want):
+    assert parse_action(reply, ("Left", "Down", "Right", "Up")) == want
+
+
 def test_parse_action():
     acts = ("Left", "Down", "Right", "Up")
     assert parse_action("<answer>down</answer>", acts) == "Down"

@@ -1,13 +1,12 @@
 """The math environment: the scorer's equivalences and robustness, data loading, held-out problems."""
 import json
-import time
 
 import pytest
 
 from freshper.trainer import config
 from freshper.trainer.envs import make_env
 from freshper.trainer.envs.base import EVAL_SEED_BASE
-from freshper.trainer.envs.math import last_boxed, score
+from freshper.trainer.envs.math import SCORERS, last_boxed, score
 
 
 @pytest.mark.parametrize("response,answer", [
@@ -37,15 +36,63 @@ def test_wrong_or_missing_answers_score_zero(response, answer):
     assert score(response, answer) == 0.0
 
 
-def test_adversarial_replies_are_bounded_in_time_and_never_raise():
+@pytest.mark.parametrize("scorer", list(SCORERS))
+def test_adversarial_replies_score_zero_or_one(scorer):
     huge = "\\boxed{" + "+".join(["x^{99999}"] * 5000) + "}"
     nested = "\\boxed{" + "\\frac{" * 300 + "1" + "}{2}" * 300 + "}"
     junk = "\\boxed{9" + "9" * 100_000 + "}"
     for bad in (huge, nested, junk, "\x00\\boxed{1}\x00", None, 12):
-        t0 = time.perf_counter()
-        assert score(bad, "1") in (0.0, 1.0)
-        assert time.perf_counter() - t0 < 10
-    assert score("\\boxed{1}", None) == 0.0
+        assert score(bad, "1", scorer) in (0.0, 1.0)
+    assert score("\\boxed{1}", None, scorer) == 0.0
+
+
+# (reply, answer, verify: the authors' rule, boxed, last-number): where the three rules part
+SCORER_CASES = [
+    ("What is 5 + 6", "11", 1.0, 1.0, 0.0),  # restating the question: math-verify reads it as 11
+    ("9 + 7 = 16", "16", 1.0, 1.0, 1.0),
+    ("12 + 35 = 50\n\nThis is", "47", 0.0, 0.0, 0.0),
+    ("\\boxed{5} ... \\boxed{7}", "7", 0.0, 1.0, 1.0),  # the authors' rule reads the first box
+    ("\\boxed {9}", "9", 0.0, 1.0, 1.0),
+    ("\\boxed{" + "1" * 301 + "}", "1" * 301, 1.0, 0.0, 0.0),  # a box over 300 characters
+    ("The sum is 47.<|im_end|>", "47", 1.0, 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize("reply,answer,verify,boxed,last", SCORER_CASES)
+def test_the_three_scorers(reply, answer, verify, boxed, last):
+    assert (score(reply, answer, "verify"), score(reply, answer, "boxed"),
+            score(reply, answer, "last-number")) == (verify, boxed, last)
+
+
+def test_the_config_names_every_scorer():
+    assert config.MATH_SCORERS == tuple(SCORERS)
+
+
+def test_only_the_boxed_scorer_charges_the_format_penalty():
+    for scorer, penalty in (("verify", 0.0), ("boxed", -0.15), ("last-number", 0.0)):
+        env = make_env("math", digits=1, scorer=scorer)
+        env.reset(3)
+        r = env.step(f"It is {env.answer}.")
+        assert r.reward == 1.0 and r.penalty == penalty and env.metrics() == {"score_errors": 0.0}
+
+
+def test_a_scorer_error_is_counted_and_a_batch_of_errors_stops_the_run(monkeypatch, tmp_path):
+    from freshper.trainer.envs import math as M
+    from freshper.trainer.loop import Trainer
+
+    def broken(response, answer):
+        raise KeyError("a scorer bug")
+
+    monkeypatch.setitem(M.SCORERS, "last-number", (broken, False))
+    env = make_env("math", digits=1, scorer="last-number")
+    env.reset(0)
+    r = env.step("\\boxed{3}")
+    assert r.reward == 0.0 and env.metrics() == {"score_errors": 1.0}
+    cfg = config.load("math-cpu", None, {"env.scorer": "last-number", "train.iterations": 1, "rollout.episodes": 4,
+                                         "rollout.group_size": 2, "model.tiny_hidden": 64, "model.tiny_layers": 1,
+                                         "train.sft_steps": 0, "eval.every": 0, "train.progress": False})
+    with pytest.raises(RuntimeError, match="scorer raised on every one of the 4 replies"):
+        Trainer(cfg, tmp_path / "run").run()
 
 
 def test_last_boxed_balances_braces():

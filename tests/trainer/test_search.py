@@ -29,8 +29,9 @@ from freshper.trainer.envs.search import (
     ("x", [], 0.0, 0.0),
     ("x", 5, 0.0, 0.0),
     (object(), ["x"], 0.0, 0.0),
+    ("a", ["the"], 1.0, 0.0),  # both normalise to "": equal strings, but no shared token (SQuAD's F1 is 0)
 ])
-def test_exact_match_and_f1_never_raise(pred, golds, em, f):
+def test_exact_match_and_f1(pred, golds, em, f):
     assert exact_match(pred, golds) == em
     assert f1(pred, golds) == pytest.approx(f, abs=1e-9)
 

@@ -20,6 +20,10 @@ from ..chat import game_feedback, game_opening
 EVAL_SEED_BASE = 2**31
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Removed from inside an answer before the action is looked up, as the authors' parser does
+# (roll/agentic/env/parse_action_utils.py with the games' special_token_list): so
+# "<answer><answer>Left</answer>" and "<answer>Left<|im_end|></answer>" are the move Left.
+ANSWER_NOISE = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 
 
 @dataclass
@@ -34,12 +38,15 @@ class StepResult:
 
 
 def parse_action(text: str, actions: tuple[str, ...]) -> str | None:
-    """The action named in the first <answer>...</answer> of `text` (case-insensitive, spaces
-    ignored), or None."""
+    """The action named in the first <answer>...</answer> of `text` (case-insensitive, outer
+    spaces and the ANSWER_NOISE tags inside ignored), or None."""
     m = ANSWER_RE.search(text)
     if not m:
         return None
-    word = m.group(1).strip().lower()
+    word = m.group(1).strip()
+    for tag in ANSWER_NOISE:
+        word = word.replace(tag, "").strip()
+    word = word.lower()
     for a in actions:
         if a.lower() == word:
             return a
@@ -56,7 +63,10 @@ class TextEnv:
 
     prompt_sets = ("roll",)  # the prompt wordings this environment has (chat.PROMPTS)
     vision = False  # True: messages show images (a vision-language model's environment)
-    stop_strings: tuple[str, ...] = ()  # texts that end a reply (a tool call: the environment answers it)
+    # Texts that end a reply (the token completing one is kept): the answer's closing tag, which
+    # a pretrained tokenizer spells in several tokens (the tiny model's is one stop token), so a
+    # reply ends where its answer does instead of running on to the length limit.
+    stop_strings: tuple[str, ...] = ("</answer>",)
 
     def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll"):
         if max_turns <= 0:
@@ -123,6 +133,7 @@ class QuestionEnv(TextEnv):
 
     actions = ()
     question, correct = "", False
+    stop_strings = ()  # a reply ends at the end of its turn: the scorer reads all of it
 
     def solved(self) -> bool:
         return self.correct

@@ -1,11 +1,17 @@
 """Single-turn math with a symbolic answer check: procedural arithmetic, or any dataset of problems.
 
-`score(response, answer)` is the reward: 1.0 when the response's answer equals the reference
-answer symbolically (math-verify: 1/2 = 0.5 = \\frac{1}{2} = \\dfrac12), else 0.0. The response's
-answer is the content of its *last* \\boxed{...}; without a box, math-verify's own final-answer
-extraction is tried. The scorer never raises and its time is bounded: inputs are cut to a few
-thousand characters, a box to a few hundred, and math-verify's own timeouts apply where they can
-(they use signals, so only on the main thread).
+`score(response, answer, scorer)` is the reward: 1.0 when the response's answer equals the
+reference answer symbolically (math-verify: 1/2 = 0.5 = \\frac{1}{2} = \\dfrac12), else 0.0.
+What the response's answer is depends on `scorer` (env.scorer):
+- "verify": the authors' code (their math_rule_reward_worker): math-verify over the whole reply,
+  no format penalty. It rewards a reply that restates the question ("What is 5 + 6" scores 1
+  for 11), which a pretrained policy can learn;
+- "boxed": the content of the reply's *last* \\boxed{...}, math-verify's own extraction without
+  one, and the format penalty for a reply without a box (this project's rule before 2026-12-01);
+- "last-number": the last \\boxed{} if any, else the last number the reply writes (the flexible
+  extraction of GSM8K-style scorers), no format penalty.
+Time is bounded: inputs are cut to a few thousand characters, a box to a few hundred, and
+math-verify's own timeouts apply where they can (they use signals, so only on the main thread).
 
 Problems come from
 - the procedural task (`data` empty): "What is a + b?" with `digits`-digit operands drawn from
@@ -22,7 +28,9 @@ Seeds at or above EVAL_SEED_BASE address the held-out problems.
 from __future__ import annotations
 
 import functools
+import logging
 import random
+import re
 import threading
 from pathlib import Path
 
@@ -55,26 +63,77 @@ def _parse(text: str):
     return parse(text, parsing_timeout=5 if main else None)
 
 
-def score(response: str, answer: str) -> float:
-    """1.0 if `response`'s final answer equals `answer` symbolically, else 0.0; never raises."""
-    try:
-        from math_verify import verify
+def _verify(gold, pred) -> bool:
+    from math_verify import verify
 
-        response, answer = str(response)[-_MAX_RESPONSE:], str(answer)[-_MAX_RESPONSE:]
-        box = last_boxed(response)
-        if box is not None:
-            if len(box) > _MAX_BOX:
-                return 0.0
-            response = f"\\boxed{{{box}}}"
-        gold_box = last_boxed(answer)
-        gold = _parse(f"\\boxed{{{gold_box}}}" if gold_box is not None else f"${answer}$")
-        pred = _parse(response)
-        if not gold or not pred:
+    main = threading.current_thread() is threading.main_thread()
+    return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=5 if main else None)
+
+
+def _gold(answer: str):
+    gold_box = last_boxed(answer)
+    return _parse(f"\\boxed{{{gold_box}}}" if gold_box is not None else f"${answer}$")
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# The chat markers a decoded reply may hold; the authors' reward worker strips these three.
+_MARKERS = ("<|endoftext|>", "<|im_end|>", "<pad>")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` ("1,234" and "-3.5" count as one), or None."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def score_verify(response: str, answer: str) -> float:
+    """The authors' rule (their math_rule_reward_worker): math-verify between the whole reply and
+    `$answer$`, whatever the reply's form. Loose text is parsed for its final expression, so a
+    reply that restates the question ("What is 5 + 6") can be scored as its sum."""
+    for m in _MARKERS:
+        response = response.replace(m, "")
+    return 1.0 if _verify(_parse(f"${answer}$"), _parse(response)) else 0.0
+
+
+def score_boxed(response: str, answer: str) -> float:
+    """The last \\boxed{} of the reply against the answer (a full solution's last box, if it has
+    one); a reply without a box is read by math-verify's own final-answer extraction."""
+    box = last_boxed(response)
+    if box is not None:
+        if len(box) > _MAX_BOX:
             return 0.0
-        main = threading.current_thread() is threading.main_thread()
-        return 1.0 if verify(gold, pred, timeout_seconds=5 if main else None) else 0.0
-    except Exception:  # a scorer that raises would end the run over one odd reply
+        response = f"\\boxed{{{box}}}"
+    return 1.0 if _verify(_gold(answer), _parse(response)) else 0.0
+
+
+def score_last_number(response: str, answer: str) -> float:
+    """The last \\boxed{} if the reply has one, else the last number it writes, against the
+    answer: the flexible extraction of GSM8K-style scorers. Restating the question scores its
+    last operand, not its result."""
+    box = last_boxed(response)
+    if box is not None:
+        pred = box if len(box) <= _MAX_BOX else None
+    else:
+        pred = last_number(response)
+    if pred is None:
         return 0.0
+    return 1.0 if _verify(_gold(answer), _parse(f"\\boxed{{{pred}}}")) else 0.0
+
+
+# env.scorer: the reward rule, and whether a reply without \boxed{} pays the format penalty
+SCORERS = {"verify": (score_verify, False), "boxed": (score_boxed, True), "last-number": (score_last_number, False)}
+
+
+def score(response: str, answer: str, scorer: str = "boxed") -> float:
+    """1.0 if `response`'s final answer equals `answer` symbolically under `scorer`, else 0.0.
+    Inputs are cut to their last few thousand characters. Errors inside the scorer propagate:
+    the environment counts them (a silent 0 would train on a scorer bug)."""
+    if scorer not in SCORERS:
+        raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
+    if response is None or answer is None:
+        return 0.0
+    response, answer = str(response)[-_MAX_RESPONSE:], str(answer)[-_MAX_RESPONSE:]
+    return SCORERS[scorer][0](response, answer)
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,23 +166,47 @@ def load_problems(path: str, question_key: str, answer_key: str) -> tuple[tuple[
 
 
 class BoxedQuestion(QuestionEnv):
-    """A single-turn question whose reply boxes its answer (`self.answer`), scored by `score`;
-    a reply without a \\boxed{} pays the format penalty."""
+    """A single-turn question with a reference answer (`self.answer`), scored by `score` under
+    `self.scorer`; under "boxed" a reply without a \\boxed{} pays the format penalty. A scorer
+    that raises scores 0 for that reply and is counted (`metrics()["score_errors"]`); the first
+    error of a process is logged with its input."""
 
     answer = ""
+    scorer = "boxed"
+    score_error = False
 
     def step(self, text: str) -> StepResult:
         if self.done:
             raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
         self.turn += 1
+        penalised = SCORERS[self.scorer][1]
         valid = last_boxed(text) is not None
-        reward = score(text, self.answer)
-        penalty = 0.0 if valid else self.format_penalty
+        try:
+            reward = score(text, self.answer, self.scorer)
+            self.score_error = False
+        except Exception as e:  # counted and logged, not hidden: see metrics()
+            reward, self.score_error = 0.0, True
+            _log_first_error(e, text, self.answer)
+        penalty = 0.0 if valid or not penalised else self.format_penalty
         self.correct = reward == 1.0
         self.done = True
         self.total_reward += reward
         self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, True, valid, self.correct, {"answer": self.answer})
+
+    def metrics(self) -> dict:
+        """Per episode: whether its reply's scoring raised (the rollout averages it per batch)."""
+        return {"score_errors": float(self.score_error)}
+
+
+_logged = []
+
+
+def _log_first_error(e: Exception, response: str, answer: str) -> None:
+    if not _logged:
+        _logged.append(e)
+        logging.getLogger("freshper").error("the math scorer raised %s: %s on reply %r, answer %r (scored 0; counted "
+                                            "in score_errors)", type(e).__name__, e, response[:300], answer)
 
 
 @register
@@ -132,9 +215,11 @@ class Math(BoxedQuestion):
     instruction = INSTRUCTION
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
-                 question_key: str = "problem", answer_key: str = "answer", digits: int = 2):
+                 question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed"):
         super().__init__(1, format_penalty)
-        self.digits = digits
+        if scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
+        self.digits, self.scorer = digits, scorer
         self.train, self.held_out = (), ()
         if data:
             rows = load_problems(data, question_key, answer_key)
