@@ -76,10 +76,15 @@ class SampleBatch:
 
     @property
     def ess_fraction(self) -> torch.Tensor:
-        """Effective sample size of the IS weights over the batch size, (sum w)^2 / (B sum w^2):
-        1 for equal weights, 1/B when one weight dominates. A 0-d float64 tensor on the device."""
-        w = self.weights.double()
-        return w.sum() ** 2 / (w ** 2).sum() / w.numel()
+        """ess_fraction(self.weights): see there."""
+        return ess_fraction(self.weights)
+
+
+def ess_fraction(weights: torch.Tensor) -> torch.Tensor:
+    """Effective sample size of IS weights (B,) over B, (sum w)^2 / (B sum w^2): 1 for equal
+    weights, 1/B when one weight dominates. A 0-d float64 tensor on the weights' device."""
+    w = weights.double()
+    return w.sum() ** 2 / (w ** 2).sum() / w.numel()
 
 
 def _is_int(x) -> bool:

@@ -1,7 +1,7 @@
 """`freshper compare`: arms x seeds at one environment-step budget, then a table and a plot.
 
-    freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
-    freshper compare --env frozenlake --arms freshper --tau-sweep 100,250,500,1000,2000
+    freshper compare --preset frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper compare --preset frozenlake --arms freshper --tau-sweep 100,250,500,1000,2000
 
 Every run is `freshper train` in its own process (at most --parallel at once, one torch thread
 each), in runs/compare-NAME/ARM-sSEED/. Seeds fix the model init and the environments: seed s
@@ -40,7 +40,10 @@ ARMS = {
 ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
                "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800),
                "frozenlake-vlm-cpu": ("frozenlake-vlm-cpu", 12_000), "geoqa-cpu": ("geoqa-cpu", 12_800),
-               "search-cpu": ("search-cpu", 20_000), "sokoban-vlm-cpu": ("sokoban-vlm-cpu", 20_000)}
+               "search-cpu": ("search-cpu", 20_000), "sokoban-vlm-cpu": ("sokoban-vlm-cpu", 20_000),
+               "smollm2-135m-math": ("smollm2-135m-math", 800)}
+
+
 def _run_one(cmd: list[str], log_path: Path) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
@@ -79,7 +82,12 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, extra: l
 def main(argv) -> int:
     p = argparse.ArgumentParser(prog="freshper compare", description=__doc__.split("\n\n")[0],
                                 epilog="Other --section.field VALUE arguments are passed to every run.")
-    p.add_argument("--env", default="frozenlake", help=f"one of {list(ENV_PRESETS)}")
+    p.add_argument("--preset", "--env", dest="env", default="frozenlake",
+                   help=f"the task, a preset with a comparison budget: one of {list(ENV_PRESETS)} (--env is the "
+                        "old spelling)")
+    p.add_argument("--keep-weights", action="store_true",
+                   help="keep each finished run's checkpoints/ and final/ (by default removed once the run is DONE: "
+                        "a pretrained model's checkpoint is over 1 GB, the comparison needs the metrics)")
     p.add_argument("--arms", default="on-policy,per,freshper", help=f"comma-separated, from {list(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (0..N-1)")
     p.add_argument("--budget", type=int, default=0, help="env steps per run (default: the env's)")
@@ -90,7 +98,7 @@ def main(argv) -> int:
     p.add_argument("--report-only", action="store_true", help="redraw the table and plots from existing runs")
     args, extra = p.parse_known_args(argv)
     if args.env not in ENV_PRESETS:
-        p.error(f"--env must be one of {list(ENV_PRESETS)}, got {args.env!r}")
+        p.error(f"--preset must be one of {list(ENV_PRESETS)}, got {args.env!r}")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
@@ -132,6 +140,9 @@ def main(argv) -> int:
         rc = _run_one(j["cmd"], out / f"{j['run'].name}.log")
         if rc == 0:
             (j["run"] / "DONE").write_text(f"{time.time() - t0:.0f} s\n")
+            if not args.keep_weights:
+                for sub in ("checkpoints", "final"):
+                    shutil.rmtree(j["run"] / sub, ignore_errors=True)
         status = "done" if rc == 0 else f"failed (exit {rc}), see {out / (j['run'].name + '.log')}"
         print(f"  {j['run'].name}: {status} after {time.time() - t0:.0f} s", flush=True)
         return rc

@@ -18,26 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of this module's API)
 from .metrics import points, read
 from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
-
-# two-sided 95% Student t quantiles by degrees of freedom (a fact table; df > 30 uses 1.96)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t975(df: int) -> float:
-    keys = [k for k in sorted(T975) if k <= df]
-    return T975[keys[-1]] if keys and df <= 30 else 1.96
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95% t-interval); half-width nan for one value or a non-finite one
-    (a run that never drifted has an infinite drift time)."""
-    x = np.asarray(xs, dtype=float)
-    if x.size < 2 or not np.isfinite(x).all():
-        return float(x.mean()), float("nan")
-    return float(x.mean()), float(t975(x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
 
 
 def _cell(mean: float, half: float, digits: int | None = None) -> str:

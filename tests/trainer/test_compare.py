@@ -47,7 +47,7 @@ def test_compare_runs_reports_and_resumes(tmp_path, capsys):
 
 
 def test_compare_rejects_bad_arguments(tmp_path, capsys):
-    for argv, msg in [(["--arms", "on-policy,magic"], "unknown arms"), (["--env", "chess"], "--env must be"),
+    for argv, msg in [(["--arms", "on-policy,magic"], "unknown arms"), (["--env", "chess"], "--preset must be"),
                       (["--arms", "on-policy", "--tau-sweep", "100"], "freshper arm"),
                       (["--algo.bogus", "1"], "unknown config key 'algo.bogus'")]:
         with pytest.raises(SystemExit):

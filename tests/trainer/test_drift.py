@@ -35,7 +35,11 @@ def test_freshper_auto_sets_the_buffer_tau(tmp_path):
     tr = Trainer(cfg, tmp_path / "auto")
     rows = tr.run()
     assert "tau" in rows[-1] and tr.buffer.tau == rows[-1]["tau"]
-    assert cfg.algo.tau_min <= rows[-1]["tau"] <= 777.0 and rows[-1]["drift_rate"] is not None
+    # a drift that is there: the policy moved (seed 0 of the tiny preset updates in iterations 0 and
+    # 2), replayed KL grows with age, and the measured rate pulls tau below its upper bound (with
+    # the drift observations zeroed, tau stays at tau_max and this fails)
+    assert rows[0]["grad_norm"] > 0 and rows[-1]["drift_rate"] > 0
+    assert cfg.algo.tau_min <= rows[-1]["tau"] < 777.0
     state = tr.drift.state()
     resumed = Trainer(cfg, tmp_path / "auto", resume=True)
     assert resumed.drift.state() == state and resumed.buffer.tau == tr.buffer.tau

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 
 def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
@@ -15,11 +14,15 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
     env = {**os.environ, "FRESHPER_CACHE": os.environ.get("FRESHPER_CACHE", str(tmp_path / "cache"))}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
-        time.sleep(0.2)
+    seen = []
+    for line in proc.stderr:  # the event: the log line of iteration 1 (its metrics row is written by then)
+        seen.append(line)
+        if " INFO iter 1 " in line:
+            break
+    assert seen and " INFO iter 1 " in seen[-1], "".join(seen)[-2000:]
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
+    err = "".join(seen) + err
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -10,6 +10,8 @@ from freshper.trainer.checkpoint import CheckpointError
 from freshper.trainer.cli import main
 from freshper.trainer.loop import Trainer
 
+from .premise import assert_updates
+
 VOLATILE = ("time_", "weight_sync_s")
 
 
@@ -22,6 +24,7 @@ def test_one_run_per_mode(tmp_path, mode):
     cfg = config.load("tiny", None, {"algo.mode": mode, "train.iterations": 2})
     tr = Trainer(cfg, tmp_path / mode)
     rows = tr.run()
+    assert_updates(rows, replay=mode != "on-policy")
     assert [r["iteration"] for r in rows] == [0, 1]
     for r in rows:
         assert r["env_steps"] > 0 and 0 <= r["success"] <= 1 and r["gen_tokens"] > 0
@@ -40,7 +43,10 @@ def test_one_run_per_mode(tmp_path, mode):
 def test_resume_equals_uninterrupted(tmp_path):
     over = {"train.iterations": 3, "algo.mode": "freshper", "rollout.episodes": 4, "algo.replay_updates": 2}
     full = Trainer(config.load("tiny", None, over), tmp_path / "full")
+    start = {k: v.clone() for k, v in full.model.state_dict().items()}
     rows_full = full.run()
+    assert_updates(rows_full, replay=True)
+    assert any(not torch.equal(start[k], v) for k, v in full.model.state_dict().items()), "the weights moved"
 
     part = Trainer(config.load("tiny", None, over), tmp_path / "part")
     part.run(iterations=2)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer, replay_signal
+from freshper.trainer.loop import Trainer, replay_signal, signal_rows
 from freshper.trainer.policy import lr_lambda
 
 
@@ -37,7 +37,7 @@ def test_replay_signal_counts_singletons_and_zero_advantage_tokens():
     mask = torch.zeros(7, 6, dtype=torch.bool)
     mask[:, 2:5] = True  # 3 tokens each
     mask[0, 5] = True  # row 0: 4 tokens
-    single, nonzero = replay_signal(group, adv, mask).tolist()
+    single, nonzero = (float(x) for x in replay_signal(signal_rows(group, adv, mask)))
     assert single == pytest.approx(2 / 7)  # groups 3 and 4
     assert nonzero == pytest.approx((4 + 3 + 3 + 3) / 22)
 

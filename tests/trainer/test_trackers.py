@@ -36,7 +36,7 @@ def test_tensorboard_and_offline_wandb_get_every_metric(tmp_path, monkeypatch):
     assert want <= tags, sorted(want - tags)
     assert [e.value for e in acc.Scalars("reward")] == pytest.approx([r["reward"] for r in rows])
     blob = open(glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))[0], "rb").read()
-    for key in ("replay_singleton_frac", "replay_adv_nonzero_frac", "engine_trainer_logp_maxdiff", "123.25"):
+    for key in ("replay_singleton_frac", "replay_adv_nonzero_frac", "sampling_logp_gap", "123.25"):
         assert key.encode() in blob, key
 
 

@@ -51,6 +51,7 @@ INVALID = {
     "algo.replay_unit": "episode",
     "algo.lr_horizon": "forever",
     "env.prompts": "chatml",
+    "env.scorer": "exact",
     "algo.group_std": "unbiased",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",
@@ -87,7 +88,7 @@ INVALID = {
     "train.device": "tpu",
     "train.checkpoint_every": "0",
     "train.keep_checkpoints": "0",
-    "train.sft_steps": "-1",
+    "train.sft_steps": "-2",
     "train.sft_lr": "2",
     "train.env_step_budget": "-5",
     "train.threads": "-1",
@@ -193,7 +194,7 @@ def test_yaml_with_an_indentation_error_is_one_line(tmp_path, capsys):
 
 
 def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
-    for argv, want in ((["--help"], ("'math'", "200")), (["--preset", "frozenlake", "--help"], ("'frozenlake'", "80"))):
+    for argv, want in ((["--help"], ("'math'", "15")), (["--preset", "frozenlake", "--help"], ("'frozenlake'", "80"))):
         with pytest.raises(SystemExit):
             main(["train", *argv])
         out = capsys.readouterr().out

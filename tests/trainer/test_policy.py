@@ -1,0 +1,94 @@
+"""One Policy.update moves the policy the way its advantages say: on-policy rows and replayed rows
+(drawn from a ReplayBuffer, with and without IS weights). These are the tests that fail when the
+update's advantage is negated or zeroed (checked once: both variants fail every sign test here)."""
+import pytest
+import torch
+
+from freshper import ReplayBuffer
+from freshper.trainer import config
+from freshper.trainer.engines.base import Sampling
+from freshper.trainer.engines.hf import HFEngine
+from freshper.trainer.model import env_kwargs, load_policy
+from freshper.trainer.policy import Policy
+from freshper.trainer.rollout import rollout
+
+FULL = Sampling(1.0, 1.0, 0)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Episodes of the tiny model on FrozenLake, with their recomputed log-probs."""
+    cfg = config.load("tiny", None, {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0})
+    torch.manual_seed(0)
+    model, tok, _ = load_policy(cfg, torch.device("cpu"))
+    ep = rollout(HFEngine(model, tok), tok, "frozenlake", env_kwargs(cfg), [3, 4, 5, 6], 2,
+                 cfg.rollout.max_new_tokens, cfg.rollout.max_len, FULL)
+    return cfg, model.state_dict(), ep
+
+
+def fresh_policy(batch):
+    cfg, state, _ = batch
+    model, _, _ = load_policy(cfg, torch.device("cpu"))
+    model.load_state_dict(state)
+    return Policy(model, cfg, torch.device("cpu"))
+
+
+def objective(policy, tokens, mask, adv):
+    """Sum over response tokens of A_t * log pi(a_t): what one policy-gradient step must raise."""
+    return float((policy.logprobs(tokens, mask) * adv).sum())
+
+
+def token_adv(mask, per_row):
+    return per_row[:, None].float() * mask.float()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_on_policy_update_raises_positive_and_lowers_negative_advantage_tokens(batch, sign):
+    _, _, ep = batch
+    policy = fresh_policy(batch)
+    old = policy.logprobs(ep.tokens, ep.mask)
+    adv = token_adv(ep.mask, torch.full((len(ep),), sign))
+    st = policy.update(ep.tokens, ep.mask, old, adv)
+    assert st["grad_norm"] > 0 and st["tokens"] == int(ep.mask[:, 1:].sum())
+    new = policy.logprobs(ep.tokens, ep.mask)
+    change = float((new - old)[ep.mask].sum())
+    assert sign * change > 0, f"advantage {sign:+}: response log-probs moved by {change:+.4f}"
+
+
+def test_mixed_advantages_raise_the_objective_and_zero_advantages_change_nothing(batch):
+    _, _, ep = batch
+    policy = fresh_policy(batch)
+    old = policy.logprobs(ep.tokens, ep.mask)
+    adv = token_adv(ep.mask, torch.tensor([1.0, -1.0] * (len(ep) // 2)))
+    before = objective(policy, ep.tokens, ep.mask, adv)
+    policy.update(ep.tokens, ep.mask, old, adv)
+    assert objective(policy, ep.tokens, ep.mask, adv) > before
+
+    still = fresh_policy(batch)
+    st = still.update(ep.tokens, ep.mask, old, torch.zeros_like(adv))
+    assert st["grad_norm"] == 0.0
+    torch.testing.assert_close(still.logprobs(ep.tokens, ep.mask), old, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("is_weights", [False, True])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_replayed_rows_move_as_their_advantages_say(batch, sign, is_weights):
+    """The replay path: rows go into a FreshPER buffer with their behaviour log-probs, a batch is
+    drawn (aged one step), and the update on it, IS-weighted or not, moves the drawn rows."""
+    _, _, ep = batch
+    policy = fresh_policy(batch)
+    old = policy.logprobs(ep.tokens, ep.mask)
+    buf = ReplayBuffer(16, mode="freshper", tau=50.0, seed=0)
+    buf.add(torch.linspace(0.1, 1.0, len(ep)).double(), step=0, tokens=ep.tokens.to(torch.int32), mask=ep.mask,
+            old_logp=old)
+    b = buf.sample(6, step=1)
+    tokens, mask = b.tokens.long(), b.mask
+    adv = token_adv(mask, torch.full((len(b),), sign))
+    weights = b.weights if is_weights else None
+    if is_weights:
+        assert not torch.allclose(b.weights, torch.ones_like(b.weights)), "the draw must carry unequal IS weights"
+    before = policy.logprobs(tokens, mask)
+    st = policy.update(tokens, mask, b.old_logp, adv, weights)
+    assert st["grad_norm"] > 0
+    change = float((policy.logprobs(tokens, mask) - before)[mask].sum())
+    assert sign * change > 0, f"replayed rows, advantage {sign:+}: log-probs moved by {change:+.4f}"
