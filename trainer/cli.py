@@ -18,17 +18,22 @@ from pathlib import Path
 from . import config as C
 
 
-def _fields_help(preset: str) -> str:
+def _fields_help(preset: str, width: int = 100) -> str:
     """Every field with the value `freshper train --preset PRESET` runs with (the dataclass
-    default where the preset leaves it)."""
-    lines = [f"config fields (--section.field VALUE; a unique field name may drop its section); defaults as "
-             f"--preset {preset} sets them:"]
+    default where the preset leaves it), wrapped to `width` columns (names never split)."""
+    import textwrap
+
+    wrap = textwrap.TextWrapper(width=width, subsequent_indent=" " * 6, break_on_hyphens=False,
+                                break_long_words=False)
+    lines = wrap.wrap(f"config fields (--section.field VALUE; a unique field name may drop its section); defaults "
+                      f"as --preset {preset} sets them:")
     values = C.flatten(C.apply(C.Config(), C.PRESETS[preset]).to_dict()) if preset in C.PRESETS else {}
     for key, (typ, default, help_) in C.field_table().items():
         allowed = C.choices().get(key)
         choices = f" {{{', '.join(allowed)}}}" if allowed else ""
-        lines.append(f"  --{key:<30} {typ.__name__:<5} default {values.get(key, default)!r}{choices}: {help_}")
-    lines.append(f"presets: {', '.join(C.PRESETS)}")
+        lines += wrap.wrap(f"  --{key} ({typ.__name__}, default {values.get(key, default)!r}{choices})")
+        lines += wrap.wrap(" " * 6 + help_)
+    lines += wrap.wrap(f"presets: {', '.join(C.PRESETS)}")
     return "\n".join(lines)
 
 
@@ -53,8 +58,14 @@ class logging_to:
         for h in self.handlers:
             h.setFormatter(fmt)
             root.addHandler(h)
-        for noisy in ("transformers", "httpx", "huggingface_hub"):
+        for noisy in ("transformers", "httpx", "huggingface_hub", "matplotlib"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+        try:  # their loading/writing bars would interleave with the run's own progress
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
         return self
 
     def __exit__(self, *exc):
@@ -66,8 +77,9 @@ class logging_to:
         return False
 
 
-def run_dir_for(cfg: C.Config) -> Path:
-    name = cfg.train.name or f"{cfg.env.name}-{cfg.algo.mode}-s{cfg.train.seed}"
+def run_dir_for(cfg: C.Config, preset: str) -> Path:
+    """RUN_DIR/<train.name>, or RUN_DIR/<preset>-<mode>-s<seed>: two presets on one env never share a folder."""
+    name = cfg.train.name or f"{preset}-{cfg.algo.mode}-s{cfg.train.seed}"
     return Path(cfg.train.run_dir) / name
 
 
@@ -111,12 +123,16 @@ def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path,
     overrides = C.parse_overrides(rest)
     if args.resume:
         run_dir = Path(args.resume)
+        if args.preset is not None or args.config is not None:
+            raise ValueError(f"--resume {run_dir} continues the run with its own config.yaml; --preset and --config "
+                             f"do not apply (change single fields with --section.field VALUE)")
         if not (run_dir / "config.yaml").exists():
             raise ValueError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
         cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides)
         return cfg, run_dir, True
-    cfg = C.load(args.preset, args.config, overrides)
-    run_dir = run_dir_for(cfg)
+    preset = args.preset or DEFAULT_PRESET
+    cfg = C.load(preset, args.config, overrides)
+    run_dir = run_dir_for(cfg, preset)
     if check_folder:
         check_free(run_dir)
     return cfg, run_dir, False
@@ -146,7 +162,7 @@ def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool, dist=None):
         raise
 
 
-DEFAULT_PRESET = "math-cpu"
+DEFAULT_PRESET = "smollm2-135m-math"
 
 
 def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
@@ -155,7 +171,7 @@ def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
     preset = pre.parse_known_args(list(argv))[0].preset
     p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=_fields_help(preset))
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(C.PRESETS)}")
+    p.add_argument("--preset", help=f"default {DEFAULT_PRESET}; every preset is listed at the end")
     p.add_argument("--config", help="a YAML file of {section: {field: value}}")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     return p
@@ -208,6 +224,14 @@ def cmd_train(argv) -> int:
             except KeyboardInterrupt:
                 print("freshper train: interrupted before training started", file=sys.stderr)
                 return 130
+            except ValueError as e:  # a setting the checkpoint refuses: one line, in train.log too
+                logging.getLogger("freshper").error("freshper train: %s", e)
+                return 2
+            if resume and trainer.iteration >= cfg.train.iterations:
+                logging.getLogger("freshper").warning(
+                    "nothing to do: %s finished at iteration %d (train.iterations %d); to train on, raise it: "
+                    "freshper train --resume %s --train.iterations N", run_dir, trainer.iteration,
+                    cfg.train.iterations, run_dir)
             trainer.run()
             interrupted, done = trainer.interrupted, True
     finally:
@@ -302,12 +326,13 @@ def cmd_export(argv) -> int:
     p.add_argument("run_dir")
     p.add_argument("out")
     p.add_argument("--iteration", type=int, help="checkpoint iteration (default: the latest)")
+    p.add_argument("--force", action="store_true", help="write into OUT even if it holds files")
     args = p.parse_args(argv)
     from .checkpoint import CheckpointError
     from .export import export
 
     try:
-        print(export(args.run_dir, args.out, args.iteration))
+        print(export(args.run_dir, args.out, args.iteration, overwrite=args.force))
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         p.error(str(e))
     return 0
@@ -349,12 +374,15 @@ def cmd_eval(argv) -> int:
 
         ev = Trainer(cfg, Path(tmp) / "eval").evaluate()
     e = cfg.eval
+    from .intervals import wilson_half
+
+    n, pk = e.episodes, ev["eval_pass_at_k"]
+    score_half = ev["eval_score_ci95"]
+    spread = "— (every state scored alike)" if not score_half > 0 else f"{score_half:.3f} (95%)"
     print(f"{target}: {e.episodes} validation states x {e.samples} replies at temperature {e.temperature}")
     print(f"  eval_success (avg@{e.samples})  {ev['eval_success']:.3f} ± {ev['eval_success_ci95']:.3f} (95%)")
-    print(f"  eval_score            {ev['eval_score']:.3f} ± {ev['eval_score_ci95']:.3f} (95%)")
-    n = e.episodes
-    pk = ev["eval_pass_at_k"]
-    print(f"  eval_pass_at_{e.samples}       {pk:.3f} ± {1.96 * (pk * (1 - pk) / n) ** 0.5:.3f} (95%)")
+    print(f"  eval_score            {ev['eval_score']:.3f} ± {spread}")
+    print(f"  eval_pass_at_{e.samples}       {pk:.3f} ± {wilson_half(pk, n):.3f} (95%)")
     print(f"  valid answers {ev['eval_valid_action']:.3f}, context ended {ev['eval_context_ended']:.3f}")
     return 0
 

@@ -65,13 +65,16 @@ def checkpoint_dir(run_dir: Path, iteration: int | None) -> Path:
     return path
 
 
-def export(run_dir, out, iteration: int | None = None) -> Path:
-    """Export checkpoint `iteration` (None: the latest) of the run in `run_dir` to the folder `out`."""
+def export(run_dir, out, iteration: int | None = None, overwrite: bool = False) -> Path:
+    """Export checkpoint `iteration` (None: the latest) of the run in `run_dir` to the folder `out`;
+    a non-empty `out` is refused unless `overwrite` (its files would be replaced in silence)."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_model
     from transformers import AutoTokenizer
 
+    if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
+        raise ValueError(f"{out} exists and is not empty; choose another folder or overwrite it (--force)")
     path = checkpoint_dir(Path(run_dir), iteration)
     state = json.loads((path / "state.json").read_text())
     src = state["model_path"]

@@ -27,8 +27,9 @@ def _parts(model):
 
 
 def pack(tokens: torch.Tensor, lengths: torch.Tensor):
-    """Rows (R, n) with valid lengths (R,) -> (ids (1, N), position_ids (1, N)), N = sum(lengths):
-    the padding-free layout flash-attention's varlen path reads from position-id restarts."""
+    """Rows (R, n) with valid lengths (R,) -> (ids (1, N), position_ids (1, N), keep (R, n) bool),
+    N = sum(lengths): the padding-free layout flash-attention's varlen path reads from position-id
+    restarts, and the mask of the kept positions that unpack() scatters back with."""
     keep = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths[:, None]
     pos = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
     return tokens[keep][None], pos[keep][None], keep

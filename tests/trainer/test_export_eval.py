@@ -45,6 +45,9 @@ def test_final_folder_and_export_load_with_transformers_and_match_the_trainer(tr
         torch.testing.assert_close(lp[m], want[:, 1:][m], atol=2e-5, rtol=0)
     with pytest.raises(ValueError, match="no checkpoint at iteration 7"):
         export(run, tmp_path / "x", iteration=7)
+    with pytest.raises(ValueError, match="exists and is not empty"):  # never overwritten in silence
+        export(run, out)
+    assert export(run, out, overwrite=True) == out
 
 
 def test_export_loads_in_vllm_with_the_trainers_logprobs(trained, tmp_path):
@@ -79,7 +82,8 @@ def test_freshper_eval_on_a_run_and_on_a_model_folder(trained, capsys, tmp_path)
     out = capsys.readouterr().out
     assert "eval_success (avg@2)" in out and "eval_pass_at_2" in out and "± " in out
     assert main(["eval", str(run / "final"), "--preset", "tiny", "--episodes", "2"]) == 0
-    assert "2 validation states x 1 replies" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "2 validation states x 1 replies" in shown and "± 0.000" not in shown  # 2 states: no zero-width interval
     with pytest.raises(SystemExit):
         main(["eval", str(tmp_path)])
     assert "neither a run folder" in capsys.readouterr().err
