@@ -125,6 +125,12 @@ class FreshPERGRPOConfig(GRPOConfig):
             if bad:
                 raise ValueError("replay steps (replay_updates > 0) reproduce TRL's clipped token-level loss only; "
                                  "unsupported: " + "; ".join(bad) + ". Change these, or set replay_updates=0.")
+            # replay steps call the optimizer themselves; DeepSpeed and FSDP wrap it in engines they own
+            wrappers = [k for k in ("deepspeed", "fsdp") if getattr(self, k, None)]
+            if wrappers:
+                raise ValueError(f"replay steps (replay_updates > 0) drive the optimizer directly and cannot run under "
+                                 f"{' or '.join(wrappers)}; use DDP (accelerate launch / torchrun) or set "
+                                 f"replay_updates=0")
 
     @property
     def replay_on(self) -> bool:
@@ -341,27 +347,31 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         if a.replay_updates == 0 or len(self.replay_buffer) == 0:
             return
         n = a.replay_batch_size or a.per_device_train_batch_size
+        accumulate = max(1, a.gradient_accumulation_steps)
         self.model.train()
         for _ in range(a.replay_updates):
-            if self.accelerator.num_processes > 1:
-                ids, att, c1, b, weight = self._sharded_batch(n)
-            else:
-                (ids, att, c1, b), weight = self._replay_batch(n), None
-            loss, stats = self.replay_loss(ids, att, c1, b)
-            if weight is not None:
-                loss = loss * weight
-            self.accelerator.backward(loss)
+            # as the HF loop steps: gradient_accumulation_steps micro-batches of n rows, each loss
+            # divided by their number, then one clip and one optimizer step
+            for _ in range(accumulate):
+                if self.accelerator.num_processes > 1:
+                    ids, att, c1, b, weight = self._sharded_batch(n)
+                else:
+                    (ids, att, c1, b), weight = self._replay_batch(n), None
+                loss, stats = self.replay_loss(ids, att, c1, b)
+                if weight is not None:
+                    loss = loss * weight
+                self.accelerator.backward(loss / accumulate)
+                age = b.age.double()
+                m = self._metrics["train"]
+                m["replay/loss"].append(float(loss.detach()))
+                m["replay/clip_frac"].append(float(stats["clip_frac"]))
+                m["replay/age_mean"].append(float(age.mean()))
+                m["replay/age_max"].append(float(age.max()))
+                m["replay/is_ess"].append(float(b.ess_fraction))
             if a.max_grad_norm:
                 self.accelerator.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad()
-            age = b.age.double()
-            m = self._metrics["train"]
-            m["replay/loss"].append(float(loss.detach()))
-            m["replay/clip_frac"].append(float(stats["clip_frac"]))
-            m["replay/age_mean"].append(float(age.mean()))
-            m["replay/age_max"].append(float(age.max()))
-            m["replay/is_ess"].append(float(b.ess_fraction))
         self._metrics["train"]["replay/buffer_size"].append(len(self.replay_buffer))
 
     def _fill_zero_variance(self, out, behaviour):
@@ -419,6 +429,12 @@ class FreshPERGRPOTrainer(GRPOTrainer):
                         key=lambda f: int(f.rsplit("rank", 1)[1].split(".")[0]))
         files = shards or [f for f in [os.path.join(checkpoint, _BUFFER_FILE)] if os.path.exists(f)]
         if not files:
+            if self.args.replay_updates > 0:
+                import logging
+
+                logging.getLogger("freshper").warning(
+                    "checkpoint %s holds no replay buffer (%s): resuming with an empty buffer; replay starts again "
+                    "from the completions generated from here on", checkpoint, _BUFFER_FILE)
             return
         if len(files) == world:
             self.replay_buffer = ReplayBuffer.load(files[rank], device=dev)

@@ -83,6 +83,40 @@ def test_save_and_resume_keep_the_buffer(tmp_path, tiny_model_dir):
     assert torch.equal(a.indices, b.indices), "the sampling stream continues where it was saved"
 
 
+def test_a_checkpoint_without_a_buffer_says_so(tmp_path, tiny_model_dir, caplog):
+    tr = make(tmp_path, tiny_model_dir, save_strategy="steps", save_steps=2)
+    tr.train()
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    (ckpt / "freshper_buffer.safetensors").unlink()  # as saved by TRL's own GRPOTrainer
+    again = make(tmp_path, tiny_model_dir)
+    again.create_optimizer_and_scheduler(num_training_steps=2)
+    with caplog.at_level("WARNING", logger="freshper"):
+        again._load_optimizer_and_scheduler(str(ckpt))
+    assert len(again.replay_buffer) == 0 and "holds no replay buffer" in caplog.text
+
+
+def test_a_replay_update_accumulates_gradients_as_the_hf_loop_does(tmp_path, tiny_model_dir):
+    """gradient_accumulation_steps=2: each replay update draws two micro-batches, backpropagates
+    each loss halved, and steps the optimizer once (the gradient is their mean)."""
+    tr = make(tmp_path, tiny_model_dir, gradient_accumulation_steps=2, replay_updates=2, max_steps=1)
+    tr.train()
+    steps, halves = [], []
+    tr.optimizer.step = lambda *a, **k: steps.append(1)
+    backward = tr.accelerator.backward
+    tr.accelerator.backward = lambda loss, **k: (halves.append(float(loss)), backward(loss, **k))
+    tr._metrics["train"].clear()
+    tr.replay_steps()
+    losses = tr._metrics["train"]["replay/loss"]
+    assert len(steps) == 2 and len(losses) == 4  # 2 updates x 2 micro-batches
+    assert halves == pytest.approx([x / 2 for x in losses])
+
+
+def test_replay_refuses_optimizer_wrappers_it_cannot_drive(tmp_path):
+    with pytest.raises(ValueError, match="drive the optimizer directly"):
+        FreshPERGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], replay_updates=1,
+                           fsdp="full_shard")
+
+
 def test_zero_variance_groups_are_filled_from_the_buffer(tmp_path, tiny_model_dir):
     tr = make(tmp_path, tiny_model_dir, reward=constant_reward, replay_fill_zero_variance=True, replay_updates=0,
               max_steps=3)

@@ -111,8 +111,42 @@ def test_a_bad_request_and_a_dead_service_are_errors_that_say_so(service):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req)
     assert e.value.code == 400 and "list of strings" in e.value.read().decode()
-    with pytest.raises(RuntimeError, match="did not answer"):
-        R.RemoteRetriever("http://127.0.0.1:9", timeout_s=2).search(["x"], 3)
+    with pytest.raises(RuntimeError, match="did not answer after 2 tries"):
+        R.RemoteRetriever("http://127.0.0.1:9", timeout_s=2, retries=1, backoff_s=0).search(["x"], 3)
+
+
+def test_a_service_that_fails_twice_is_retried_and_answers():
+    """A loopback service answering 503 to its first two requests: retried, then its answer."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append(1)
+            ok = len(calls) > 2
+            body = json.dumps({"result": [[{"id": "1", "title": "T", "text": "x"}]]}).encode() if ok else b"busy"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        got = R.RemoteRetriever(url, retries=2, backoff_s=0.01).search(["x"], 1)
+        assert got == [[{"id": "1", "title": "T", "text": "x"}]] and len(calls) == 3
+        calls.clear()
+        with pytest.raises(RuntimeError, match="after 2 tries"):
+            R.RemoteRetriever(url, retries=1, backoff_s=0).search(["x"], 1)
+    finally:
+        server.shutdown()
 
 
 def test_search_r1_service_replies_are_read_as_passages():

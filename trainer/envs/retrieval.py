@@ -165,24 +165,45 @@ class DenseRetriever:
 
 # ----------------------------------------------------------------------------------- remote
 class RemoteRetriever:
-    """A retrieval service over HTTP: POST {url}/retrieve {"queries", "topk"} -> {"result"}."""
+    """A retrieval service over HTTP: POST {url}/retrieve {"queries", "topk"} -> {"result"}.
+
+    A request that fails (no connection, a timeout of `timeout_s` seconds, a 5xx answer) is tried
+    again `retries` times, waiting backoff_s, 2 backoff_s, 4 backoff_s, ... in between: one hiccup
+    of the service must not end a run that took hours of GPU time. After the last try, a
+    RuntimeError naming the service and the last error. A 4xx answer is the request's fault and
+    is not retried."""
 
     passages: list[dict] = []
 
-    def __init__(self, url: str, timeout_s: float = 60.0):
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+    def __init__(self, url: str, timeout_s: float = 60.0, retries: int = 4, backoff_s: float = 1.0):
+        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError(f"RemoteRetriever needs timeout_s > 0, retries >= 0, backoff_s >= 0; got {timeout_s}, "
+                             f"{retries}, {backoff_s}")
+        self.url, self.timeout_s, self.retries, self.backoff_s = url.rstrip("/"), timeout_s, retries, backoff_s
 
     def search(self, queries: list[str], k: int = 3) -> list[list[dict]]:
+        import time
+        import urllib.error
         import urllib.request
 
         body = json.dumps({"queries": [q[:MAX_QUERY_CHARS] for q in queries], "topk": k}).encode()
-        req = urllib.request.Request(f"{self.url}/retrieve", body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                result = json.loads(r.read())["result"]
-        except OSError as e:
-            raise RuntimeError(f"retrieval service {self.url} did not answer: {e}") from e
-        return [[_passage(item) for item in row] for row in result]
+        last = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            req = urllib.request.Request(f"{self.url}/retrieve", body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                    result = json.loads(r.read())["result"]
+                return [[_passage(item) for item in row] for row in result]
+            except urllib.error.HTTPError as e:
+                if e.code < 500:
+                    raise RuntimeError(f"retrieval service {self.url} refused the request: {e}") from e
+                last = e
+            except (OSError, ValueError) as e:  # connection, timeout, a broken answer
+                last = e
+        raise RuntimeError(f"retrieval service {self.url} did not answer after {self.retries + 1} tries: "
+                           f"{last}") from last
 
 
 def _passage(item: dict) -> dict:
