@@ -63,6 +63,9 @@ class EnvConfig:
                           "knowledge base generated offline")
     top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
     max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)")
+    search_match: str = opt("contains", "search: what counts as a right answer: contains (the authors' code: either "
+                                        "normalised string contains the other; an empty answer scores 0) | exact "
+                                        "(Search-R1's exact match); eval reports both")
     retriever: str = opt("bm25", "search: bm25 | e5:DIR (dense: FAISS + E5-style encoder, see envs/retrieval.py) | "
                                  "the URL of a retrieval service (http://host:port)")
 
@@ -207,6 +210,7 @@ def choices() -> dict[str, tuple]:
         "env.name": ENV_NAMES,
         "env.prompts": ("roll", "replay"),
         "env.scorer": MATH_SCORERS,
+        "env.search_match": ("contains", "exact"),
         "rollout.engine": ("hf", "vllm"),
         "algo.mode": ("on-policy", *MODES),
         "algo.advantage": ESTIMATORS,

@@ -12,6 +12,7 @@ from freshper.trainer.envs.search import (
     Retriever,
     Search,
     exact_match,
+    contains_match,
     f1,
     format_results,
     generated_kb,
@@ -34,6 +35,25 @@ from freshper.trainer.envs.search import (
 def test_exact_match_and_f1(pred, golds, em, f):
     assert exact_match(pred, golds) == em
     assert f1(pred, golds) == pytest.approx(f, abs=1e-9)
+
+
+@pytest.mark.parametrize("pred,golds,want", [
+    ("Paris, France", ["Paris"], 1.0), ("Roosevelt", ["Theodore Roosevelt"], 1.0),
+    ("a", ["Paris"], 1.0),  # a substring of "paris": their rule's, kept
+    (".", ["Paris"], 0.0),  # empty after normalising: 0 here, 1 in the authors' code
+    ("the Paris", ["Paris"], 1.0),  # "the" starts the string: kept by their normalisation, still contains
+    ("Lyon", ["Paris"], 0.0),
+])
+def test_the_authors_containment_rule(pred, golds, want):
+    assert contains_match(pred, golds) == want
+
+
+def test_search_match_picks_the_rule_and_both_are_reported():
+    for match, want in (("contains", 1.0), ("exact", 0.0)):
+        env = Search(match=match)
+        env.reset(3)
+        r = env.step(f"<answer>{env.golds[0]} and more words</answer>")
+        assert r.reward == want and env.metrics()["answer_contains"] == 1.0 and env.metrics()["answer_em"] == 0.0
 
 
 def test_f1_partial_credit():
@@ -93,7 +113,8 @@ def test_episode_rules():
     assert not r.valid and r.penalty == env.format_penalty and not r.done
     r = env.step(f"<answer> the {gold.lower()} </answer>")
     assert r.done and r.success and r.reward == 1.0
-    assert env.metrics() == {"searches": 1.0, "answer_f1": 1.0, "query_copied": 1.0, "answer_copied": 1.0}
+    assert env.metrics() == {"searches": 1.0, "answer_f1": 1.0, "answer_em": 1.0, "answer_contains": 1.0,
+                             "query_copied": 1.0, "answer_copied": 1.0}
     env.reset(7)
     env.step("<search>capital zzz</search>")
     env.step("<answer>qqq</answer>")

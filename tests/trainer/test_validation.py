@@ -52,6 +52,7 @@ INVALID = {
     "algo.lr_horizon": "forever",
     "env.prompts": "chatml",
     "env.scorer": "exact",
+    "env.search_match": "fuzzy",
     "algo.group_std": "unbiased",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",

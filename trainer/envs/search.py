@@ -73,6 +73,30 @@ def exact_match(prediction, golds) -> float:
     return float(any(p == normalize(g) for g in _golds(golds)))
 
 
+def authors_normalize(text: str) -> str:
+    """The authors' NQ normalisation (nq_search/utils.py evaluate_answer_em): lower case,
+    punctuation removed, and articles removed only where a space stands on both sides."""
+    text = str(text).lower().translate(str.maketrans("", "", string.punctuation))
+    for article in (" a ", " an ", " the "):
+        text = text.replace(article, " ")
+    return " ".join(text.split())
+
+
+def contains_match(prediction, golds) -> float:
+    """The authors' NQ reward: 1.0 if the normalised prediction and a normalised gold answer
+    contain one another ("Paris, France" for "Paris", "Roosevelt" for "Theodore Roosevelt").
+    One departure, on purpose: a prediction that normalises to "" scores 0. In their code it is
+    contained in every gold answer, so `<answer>.</answer>` succeeds on every question, an exploit
+    an RL policy finds quickly, not a reward rule."""
+    p = authors_normalize(prediction)
+    if not p:
+        return 0.0
+    return float(any(p in g or g in p for g in map(authors_normalize, _golds(golds))))
+
+
+MATCHES = {"contains": contains_match, "exact": exact_match}  # env.search_match: the success rule
+
+
 def f1(prediction, golds) -> float:
     """The best token-level F1 of the normalised prediction against any gold answer; 0 when they
     share no token, both empty included (SQuAD's rule)."""
@@ -151,8 +175,11 @@ class Search(QuestionEnv):
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
                  eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",
                  corpus: str = "", top_k: int = TOP_K, max_searches: int = MAX_SEARCHES, kb_seed: int = 0,
-                 retriever: str = "bm25"):
+                 retriever: str = "bm25", match: str = "contains"):
         super().__init__(max_turns, format_penalty)
+        if match not in MATCHES:
+            raise ValueError(f"match must be one of {tuple(MATCHES)}, got {match!r}")
+        self.match = match
         if top_k < 1 or max_searches < 0:
             raise ValueError(f"top_k must be >= 1 and max_searches >= 0, got {top_k}, {max_searches}")
         check_search_sources(data, corpus, retriever)
@@ -168,6 +195,7 @@ class Search(QuestionEnv):
             _, self.train, self.held_out = generated_kb(kb_seed)
         self.question, self.golds = "", []
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+        self.answer_em = self.answer_contains = 0.0  # both rules, whichever rewards
         self.seen: list[str] = []  # words of the passages the last search returned
         self.copied_queries, self.answer_copied = 0, 0.0  # the mechanics the format warm start teaches
 
@@ -177,6 +205,7 @@ class Search(QuestionEnv):
         self.question, golds = rows[random.Random(seed - base).randrange(len(rows))]
         self.golds = _parse_golds(golds)
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
+        self.answer_em = self.answer_contains = 0.0
         self.seen = []
         self.copied_queries, self.answer_copied = 0, 0.0
 
@@ -204,7 +233,9 @@ class Search(QuestionEnv):
         answer, query = ANSWER_TAG_RE.search(text), SEARCH_RE.search(text)
         reward, penalty, valid = 0.0, 0.0, True
         if answer is not None and (query is None or answer.start() < query.start()):
-            self.correct = exact_match(answer.group(1), self.golds) == 1.0
+            self.answer_em = exact_match(answer.group(1), self.golds)
+            self.answer_contains = contains_match(answer.group(1), self.golds)
+            self.correct = (self.answer_contains if self.match == "contains" else self.answer_em) == 1.0
             self.answer_f1 = f1(answer.group(1), self.golds)
             words = normalize(answer.group(1)).split()
             seen = {normalize(w) for w in self.seen}
@@ -236,10 +267,12 @@ class Search(QuestionEnv):
         return result.observation
 
     def metrics(self) -> dict:
-        """Per-episode figures beside success: searches made, the answer's F1, the share of
+        """Per-episode figures beside success: searches made, the answer's F1, exact match and
+        containment (both rules, whichever env.search_match rewards), the share of
         searches whose query is a span of the question, and whether every word of the answer is
         in the passages the last search returned (0 without an answer)."""
-        return {"searches": float(self.searches), "answer_f1": self.answer_f1,
+        return {"searches": float(self.searches), "answer_f1": self.answer_f1, "answer_em": self.answer_em,
+                "answer_contains": self.answer_contains,
                 "query_copied": self.copied_queries / self.searches if self.searches else 0.0,
                 "answer_copied": self.answer_copied}
 
