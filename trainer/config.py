@@ -114,9 +114,9 @@ class AlgoConfig:
                                           "be a multiple of rollout.group_size")
     capacity: int = opt(100000, "buffer capacity in trajectories (the paper's runs evict nothing)")
     insert_priority: str = opt("auto", "how new trajectories enter: auto (the authors' rule per arm: per -> max, "
-                                        "freshper -> max-one-iteration) | max (at the largest priority seen until "
-                                        "replayed, standard PER) | max-one-iteration (at the largest until the next "
-                                        "iteration, then their own: the authors' FreshPER refresh) | own")
+                                        "freshper -> max-one-step) | max (at the largest priority seen until "
+                                        "replayed, standard PER) | max-one-step (at the largest until the next step, "
+                                        "i.e. iteration, then their own: the authors' FreshPER refresh) | own")
     alpha: float = opt(0.6, "priority exponent")
     is_weights: bool = opt(False, "scale replayed losses by IS weights (off in the paper's code)")
     beta: float = opt(0.4, "IS-weight exponent")
@@ -190,7 +190,7 @@ class Config:
 # out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
 ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
 VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
-INSERT_PRIORITIES = ("auto", "max", "max-one-iteration", "own")
+INSERT_PRIORITIES = ("auto", "max", "max-one-step", "own")  # the library's names (freshper.buffer.INSERTS)
 MATH_SCORERS = ("verify", "boxed", "last-number")  # envs/math.py's SCORERS (a test holds the two equal)
 
 
@@ -245,8 +245,8 @@ def buffer_insert(algo: "AlgoConfig") -> str:
     at the next iteration), or the one named."""
     rule = algo.insert_priority
     if rule == "auto":
-        rule = {"per": "max", "freshper": "max-one-iteration"}.get(algo.mode, "own")
-    return {"max-one-iteration": "max-one-step"}.get(rule, rule)
+        rule = {"per": "max", "freshper": "max-one-step"}.get(algo.mode, "own")
+    return rule
 
 
 # The paper's setting on a GPU node, from the authors' replay configs (examples/replay_buffer/*.yaml

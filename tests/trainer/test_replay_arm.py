@@ -13,7 +13,7 @@ from freshper.trainer.policy import lr_lambda
 
 @pytest.mark.parametrize("mode,rule,want", [("freshper", "auto", "max-one-step"), ("per", "auto", "max"),
                                             ("uniform", "auto", "own"), ("freshper", "max", "max"),
-                                            ("per", "max-one-iteration", "max-one-step"), ("freshper", "own", "own")])
+                                            ("per", "max-one-step", "max-one-step"), ("freshper", "own", "own")])
 def test_each_arm_inserts_by_the_authors_rule(mode, rule, want):
     cfg = config.load("tiny", None, {"algo.mode": mode, "algo.insert_priority": rule})
     assert config.buffer_insert(cfg.algo) == want
