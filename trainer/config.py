@@ -63,6 +63,8 @@ class EnvConfig:
                           "knowledge base generated offline")
     top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
     max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)")
+    passage_words: int = opt(0, "search: words of each retrieved passage shown (0: whole passages, the authors' "
+                                "code; search-cpu cuts at 60 to bound the tiny model's context)")
     search_match: str = opt("contains", "search: what counts as a right answer: contains (the authors' code: either "
                                         "normalised string contains the other; an empty answer scores 0) | exact "
                                         "(Search-R1's exact match); eval reports both")
@@ -316,7 +318,7 @@ PRESETS: dict[str, dict] = {
                    "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64, "algo.capacity": 16384,
                    "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,
                    "train.iterations": 150, "algo.tau": 200.0, "algo.adv_clip": 0.0, "algo.lr": 3e-4,
-                   "algo.lr_schedule": "constant", "train.sft_steps": 400},
+                   "algo.lr_schedule": "constant", "train.sft_steps": 400, "env.passage_words": 60},
     # NQ search on a GPU node. The authors' code fixes the environment (10 turns, 5 searches, top-3)
     # and an E5/FAISS retrieval server on port 8100 (`python -m freshper.trainer.envs.retrieval
     # serve --retriever e5:DIR --port 8100`); the rest is our choice after Search-R1's NQ scripts:
@@ -556,6 +558,7 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
         "bm25, e5:DIR with DIR/meta.json, or an http(s) URL"),
     "env.top_k": (lambda v: 1 <= v <= 100, "in [1, 100]"),
     "env.max_searches": (lambda v: 0 <= v <= 100, "in [0, 100]"),
+    "env.passage_words": (lambda v: 0 <= v <= 100_000, "in [0, 100000] (0: whole passages)"),
     "rollout.episodes": (lambda v: v > 0, "> 0"),
     "rollout.group_size": (lambda v: v > 0, "> 0"),
     "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),

@@ -38,7 +38,8 @@ def env_kwargs(cfg: Config) -> dict:
     if e.name == "search":
         return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
-                "max_searches": e.max_searches, "retriever": e.retriever, "match": e.search_match}
+                "max_searches": e.max_searches, "retriever": e.retriever, "match": e.search_match,
+                "passage_words": e.passage_words}
     if e.name == "geoqa":
         return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
                 "question_key": e.question_key, "answer_key": e.answer_key, "image_key": e.image_key,

@@ -96,7 +96,7 @@ def test_a_search_env_over_the_service_plays_an_episode(kb, service):
     env = Search(retriever=url)
     env.reset(3)
     r = env.step(f"<search>{env.question}</search>")
-    assert r.observation.startswith("<information>Doc 1(Title:") and not r.done
+    assert r.observation.startswith("<information>\nDoc 1(Title:") and not r.done
     r = env.step(f"<answer>{env.golds[0]}</answer>")
     assert r.done and r.reward == 1.0
     assert env.random_reply(__import__("random").Random(0))  # no corpus here: still a well-formed reply
@@ -151,4 +151,5 @@ def test_a_service_that_fails_twice_is_retried_and_answers():
 
 def test_search_r1_service_replies_are_read_as_passages():
     item = {"document": {"id": "17", "contents": '"Zorvan Kel"\nZorvan Kel was born in Tarmish.'}, "score": 3.2}
-    assert R._passage(item) == {"id": "17", "title": "Zorvan Kel", "text": "Zorvan Kel was born in Tarmish."}
+    assert R._passage(item) == {"id": "17", "title": "Zorvan Kel", "text": "Zorvan Kel was born in Tarmish.",
+                                "score": 3.2}

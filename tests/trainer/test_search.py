@@ -56,6 +56,31 @@ def test_search_match_picks_the_rule_and_both_are_reported():
         assert r.reward == want and env.metrics()["answer_contains"] == 1.0 and env.metrics()["answer_em"] == 0.0
 
 
+def test_results_are_printed_as_the_authors_env_prints_them():
+    found = [{"title": "A", "text": "one two three", "score": 2.5}, {"title": "B", "text": "four five"}]
+    assert format_results(found) == ("<information>\nDoc 1(Title: A) one two three [Score: 2.5000]\n"
+                                     "Doc 2(Title: B) four five\n</information>")
+    assert format_results(found, words=2).splitlines()[1] == "Doc 1(Title: A) one two [Score: 2.5000]"
+
+
+@pytest.mark.parametrize("reply,valid,done,searched", [
+    ("<think>let me think</think>", True, False, False),  # thinking only: valid, the episode goes on
+    ("<search></search>", False, False, False),  # an empty search is no action
+    ("<answer>  </answer>", False, False, False),  # nor is an empty answer
+    ("<think>x</think><answer> </answer>", True, False, False),  # ... though the thinking counts
+    ("<answer>Paris</answer><search>q</search>", True, True, False),  # the answer wins over a search
+    ("<search>q</search><answer>Paris</answer>", True, True, False),  # wherever it stands
+])
+def test_what_a_search_reply_may_be_as_the_authors_env_has_it(reply, valid, done, searched):
+    env = Search()
+    env.reset(1)
+    r = env.step(reply)
+    assert (r.valid, r.done, env.searches > 0) == (valid, done, searched)
+    assert r.penalty == (0.0 if valid else env.format_penalty)
+    if valid and not done:
+        assert r.observation == "Continue with your reasoning..."
+
+
 def test_f1_partial_credit():
     assert f1("capital Quelmont", ["Quelmont"]) == pytest.approx(2 / 3)
     assert f1("Quelmont", ["the Quelmont"]) == 1.0
@@ -78,7 +103,7 @@ def test_retriever_finds_the_entity_and_caches_its_index(tmp_path):
     again = Retriever.from_jsonl(p)
     assert [h["id"] for h in again.search([q])[0]] == [h["id"] for h in hits]
     assert r.search(["the a an"])[0] == [], "a query of stop words finds nothing, and says so"
-    assert format_results([]) == "<information>No results found.</information>"
+    assert format_results([]) == "<information>\nNo results found.\n</information>"
     assert r.search(["x" * 10 * MAX_QUERY_CHARS])[0] is not None  # a very long query is cut, not an error
 
 

@@ -53,6 +53,7 @@ INVALID = {
     "env.prompts": "chatml",
     "env.scorer": "exact",
     "env.search_match": "fuzzy",
+    "env.passage_words": "-1",
     "algo.group_std": "unbiased",
     "algo.is_weights": "half",
     "algo.behaviour_logp": "during",

@@ -84,7 +84,7 @@ class Retriever:
             batch = bm25s.tokenization.Tokenized(ids=[tokens.ids[i] for i in rows], vocab=tokens.vocab)
             docs, scores = self.bm25.retrieve(batch, k=k, show_progress=False)
             for j, i in enumerate(rows):
-                out[i] = [self.passages[int(d)] for d, s in zip(docs[j], scores[j]) if s > 0]
+                out[i] = [{**self.passages[int(d)], "score": float(s)} for d, s in zip(docs[j], scores[j]) if s > 0]
         return out
 
 
@@ -159,8 +159,9 @@ class DenseRetriever:
         k = min(k, len(self.passages))
         if not queries:
             return []
-        _, ids = self.index.search(self.encode([f"query: {q[:MAX_QUERY_CHARS]}" for q in queries]), k)
-        return [[self.passages[int(i)] for i in row if i >= 0] for row in ids]
+        scores, ids = self.index.search(self.encode([f"query: {q[:MAX_QUERY_CHARS]}" for q in queries]), k)
+        return [[{**self.passages[int(i)], "score": float(s)} for i, s in zip(row, srow) if i >= 0]
+                for row, srow in zip(ids, scores)]
 
 
 # ----------------------------------------------------------------------------------- remote
@@ -213,7 +214,10 @@ def _passage(item: dict) -> dict:
         return item
     doc = item["document"]
     title, _, text = doc.get("contents", "").partition("\n")
-    return {"id": str(doc.get("id", "")), "title": title.strip('"'), "text": text}
+    out = {"id": str(doc.get("id", "")), "title": title.strip('"'), "text": text}
+    if "score" in item:
+        out["score"] = float(item["score"])
+    return out
 
 
 def serve(retriever, host: str = "127.0.0.1", port: int = 8000):

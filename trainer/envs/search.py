@@ -40,8 +40,8 @@ from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
 from .retrieval import MAX_QUERY_CHARS, Retriever, make_retriever, read_corpus  # noqa: F401  (the env's API)
 
 MAX_TURNS, MAX_SEARCHES, TOP_K = 10, 5, 3  # the paper's code's nq_search defaults
-MAX_PASSAGE_WORDS = 60  # each retrieved passage, in words: bounds the growth of the context
 SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 INSTRUCTION = ("Answer the question. You may search a knowledge base by writing <search> query </search>; the "
                "top results come back between <information> and </information>. Search as often as you need, then "
@@ -111,13 +111,21 @@ def f1(prediction, golds) -> float:
     return best
 
 
-def format_results(passages: list[dict]) -> str:
-    """The <information> message: 'Doc i(Title: t) text' lines, as the paper's code prints them."""
+def cut(text: str, words: int) -> str:
+    """`text`'s first `words` words (0: all of it)."""
+    return " ".join(text.split()[:words]) if words else text
+
+
+def format_results(passages: list[dict], words: int = 0) -> str:
+    """The <information> message as the paper's code prints it: a line break after the opening
+    tag and before the closing one, one 'Doc i(Title: t) text [Score: s]' line per passage (the
+    score where the retriever gives one; its service returns them), each passage's text cut to
+    `words` words when `words` > 0."""
     if not passages:
-        return "<information>No results found.</information>"
-    lines = [f"Doc {i + 1}(Title: {p['title']}) {' '.join(p['text'].split()[:MAX_PASSAGE_WORDS])}"
-             for i, p in enumerate(passages)]
-    return "<information>" + "\n".join(lines) + "</information>"
+        return "<information>\nNo results found.\n</information>"
+    lines = [f"Doc {i + 1}(Title: {p['title']}) {cut(p['text'], words)}"
+             + (f" [Score: {p['score']:.4f}]" if "score" in p else "") for i, p in enumerate(passages)]
+    return "<information>\n" + "\n".join(lines) + "\n</information>"
 
 
 # ------------------------------------------------------------------- a generated knowledge base
@@ -175,8 +183,11 @@ class Search(QuestionEnv):
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
                  eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",
                  corpus: str = "", top_k: int = TOP_K, max_searches: int = MAX_SEARCHES, kb_seed: int = 0,
-                 retriever: str = "bm25", match: str = "contains"):
+                 retriever: str = "bm25", match: str = "contains", passage_words: int = 0):
         super().__init__(max_turns, format_penalty)
+        if passage_words < 0:
+            raise ValueError(f"passage_words must be >= 0 (0: whole passages), got {passage_words}")
+        self.passage_words = passage_words
         if match not in MATCHES:
             raise ValueError(f"match must be one of {tuple(MATCHES)}, got {match!r}")
         self.match = match
@@ -230,33 +241,39 @@ class Search(QuestionEnv):
         if self.done:
             raise RuntimeError("search: step() after the episode ended; call reset()")
         self.turn += 1
-        answer, query = ANSWER_TAG_RE.search(text), SEARCH_RE.search(text)
+        # as the authors' env parses a reply: each tag's first occurrence, stripped; valid if any of
+        # think / search / answer has content; an answer ends the episode, else a search runs, else
+        # (thinking only) the model is told to go on
+        think, query, answer = (m.group(1).strip() if m else "" for m in
+                                (THINK_RE.search(text), SEARCH_RE.search(text), ANSWER_TAG_RE.search(text)))
         reward, penalty, valid = 0.0, 0.0, True
-        if answer is not None and (query is None or answer.start() < query.start()):
-            self.answer_em = exact_match(answer.group(1), self.golds)
-            self.answer_contains = contains_match(answer.group(1), self.golds)
+        if not (think or query or answer):
+            valid, penalty = False, self.format_penalty
+            obs = "Invalid reply: write <search> query </search> or <answer> answer </answer>."
+        elif answer:
+            self.answer_em = exact_match(answer, self.golds)
+            self.answer_contains = contains_match(answer, self.golds)
             self.correct = (self.answer_contains if self.match == "contains" else self.answer_em) == 1.0
-            self.answer_f1 = f1(answer.group(1), self.golds)
-            words = normalize(answer.group(1)).split()
+            self.answer_f1 = f1(answer, self.golds)
+            words = normalize(answer).split()
             seen = {normalize(w) for w in self.seen}
             self.answer_copied = float(bool(words) and all(w in seen for w in words))
             reward, self.done = float(self.correct), True
             obs = ""
-        elif query is not None:
+        elif query:
             if self.searches >= self.max_searches:  # the paper's code ends the episode, unanswered
                 self.done, obs = True, ""
             else:
                 self.searches += 1
-                q = normalize(query.group(1)).split()
+                q = normalize(query).split()
                 self.copied_queries += bool(q) and f" {' '.join(q)} " in f" {normalize(self.question)} "
-                found = self.retriever.search([query.group(1).strip()], self.top_k)[0]
-                obs = format_results(found)
+                found = self.retriever.search([query], self.top_k)[0]
+                obs = format_results(found, self.passage_words)
                 self.seen = [w.strip("?.,;:!()") for p in found
-                             for w in f"{p['title']} {' '.join(p['text'].split()[:MAX_PASSAGE_WORDS])}".split()]
+                             for w in f"{p['title']} {cut(p['text'], self.passage_words)}".split()]
                 self.seen = [w for w in self.seen if w]
         else:
-            valid, penalty = False, self.format_penalty
-            obs = "Invalid reply: write <search> query </search> or <answer> answer </answer>."
+            obs = "Continue with your reasoning..."
         if self.turn >= self.max_turns:
             self.done = True
         self.total_reward += reward
