@@ -85,6 +85,7 @@ def test_console_output_of_a_short_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Loading weights" not in err and "Writing model shards" not in err and "fontManager" not in err
     assert "0.0 min wall" not in err and " s wall" in err
+    assert err.count("warm start:") == 1, "the warm start is reported once"
     for line in err.splitlines():
         if " INFO " in line:
             assert line.index(" INFO ") == 23, f"a log line glued to something: {line!r}"  # after the timestamp
