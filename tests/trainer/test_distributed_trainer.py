@@ -135,12 +135,30 @@ def _grads(policy) -> dict:
             for n, p in policy.net.named_parameters()}
 
 
+def _leave(ok: bool) -> None:
+    """End a spawned rank as the trainer's ranks end (trainer/cli.py): collect what held the
+    process group (the caller has dropped the sharded model), destroy the group, then, if the
+    rank's work succeeded, leave with os._exit(0), skipping interpreter finalisation, where gloo's
+    threads can abort the process ("terminate called without an active exception", SIGABRT:
+    seen once in CI on 2026-12-01)."""
+    import gc
+    import sys
+
+    gc.collect()
+    dist.destroy_process_group()
+    if ok:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def _rank(rank, port, out, kl, agg):
     from freshper.trainer.policy import Policy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    pol, ok = None, False
     try:
         cfg = _cfg(kl)
         cfg.algo.agg = agg
@@ -151,8 +169,10 @@ def _rank(rank, port, out, kl, agg):
         st = pol.update(tokens[rows], mask[rows], old[rows], adv[rows], w[rows])
         torch.save({"stats": {k: v for k, v in st.items() if not torch.is_tensor(v)}, "grads": _grads(pol),
                     "logp": lp, "row_kl": st["row_kl"]}, f"{out}/{rank}.pt")
+        ok = True
     finally:
-        dist.destroy_process_group()
+        pol = None  # the sharded model holds the group's mesh: dropped before the group
+        _leave(ok)
 
 
 @pytest.mark.parametrize("kl,agg", [(0.0, "token-mean"), (0.1, "seq-mean-token-mean")])
@@ -216,6 +236,7 @@ def _broadcast_rank(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    ok = False
     try:
         torch.manual_seed(rank)  # as if each rank's warm start had ended differently
         model = _model()
@@ -223,8 +244,9 @@ def _broadcast_rank(rank, port, out):
             p.data.add_(torch.randn_like(p) * (rank + 1))
         broadcast_weights(model)
         torch.save(model.state_dict(), f"{out}/{rank}.pt")
+        ok = True
     finally:
-        dist.destroy_process_group()
+        _leave(ok)
 
 
 def test_every_rank_starts_from_rank_0s_weights(tmp_path):

@@ -114,8 +114,13 @@ def test_a_freshper_run_trains_exports_and_evaluates(folder, tmp_path, capsys):
 def test_vllm_engine_logprobs_equal_the_trainers_after_each_sync(folder, tmp_path):
     if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":
         pytest.importorskip("vllm")
+    # 16 episodes in groups of 8 under the authors' scorer (success ~0.24): iteration 0 has a
+    # reward spread to learn from, so iteration 1 samples from weights that moved (with 8
+    # episodes under last-number, seed 0's iteration 0 had none)
     cfg = config.load("smollm2-135m-math", None, {**SMALL, "rollout.engine": "vllm", "train.iterations": 2,
-                                                  "algo.lr": 1e-4, "algo.mode": "on-policy"})
+                                                  "algo.lr": 1e-4, "algo.mode": "on-policy", "env.scorer": "verify",
+                                                  "rollout.episodes": 16, "rollout.group_size": 8,
+                                                  "algo.micro_batch": 16})
     tr = Trainer(cfg, tmp_path / "vllm")
     rows = tr.run()
     # iteration 1 samples from weights synced after iteration 0's update
