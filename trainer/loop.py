@@ -323,7 +323,8 @@ class Trainer:
             ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds,
                          r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P, processor=self.processor)
             self.engine.sleep()
-        if ep.extra.get("score_errors", 0.0) == 1.0:  # every reply failed to score: a scorer bug, not a policy
+        # every reply failed to score: a scorer bug, not a policy (agreed over the ranks: all stop together)
+        if self.dist.flag(ep.extra.get("score_errors", 0.0) == 1.0):
             raise RuntimeError(f"iteration {it}: the scorer raised on every one of the {len(ep)} replies (the first "
                                f"error is logged above); stopping instead of training on zero reward")
         tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
