@@ -154,7 +154,7 @@ class TrainConfig:
     iterations: int = opt(80, "training iterations")
     seed: int = opt(0, "seeds the model init, env maps, sampling and the buffer")
     run_dir: str = opt("runs", "parent folder of run folders")
-    name: str = opt("", "run folder name; empty: <env>-<mode>-s<seed>")
+    name: str = opt("", "run folder name; empty: <preset>-<mode>-s<seed>")
     device: str = opt("auto", "auto (cuda if available) | cpu | cuda")
     checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)")
     keep_checkpoints: int = opt(2, "checkpoints kept on disk")
