@@ -78,7 +78,7 @@ def test_trainer_logprobs_equal_the_hf_engines_on_its_episodes(folder, env, over
                  cfg.rollout.max_len, FULL)
     recomputed = Policy(model, cfg, torch.device("cpu")).logprobs(ep.tokens, ep.mask)
     # kv-cached generation against one forward over the whole chat: float32 rounding, measured
-    # at most 2e-5 here; a model or tokenizer mix-up is off by nats
+    # 2e-5 to 3e-5 here; a model or tokenizer mix-up is off by nats
     torch.testing.assert_close(recomputed[ep.mask], ep.engine_logp[ep.mask], atol=1e-4, rtol=0)
     for e in range(len(ep)):
         reply = tok.decode(ep.tokens[e][ep.mask[e]])
