@@ -73,11 +73,13 @@ def _dcp_state(policy) -> dict:
 
 
 def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, state: dict, keep: int,
-         dist: Dist = SINGLE, sampler_rng: torch.Tensor | None = None) -> Path:
+         dist: Dist = SINGLE, sampler_rng: torch.Tensor | None = None, pending: dict | None = None) -> Path:
     """Write checkpoint `iteration` (the number of iterations done) and point `latest` at it.
     One process: safetensors weights and torch optimizer state. Several ranks (collective): a
     torch.distributed.checkpoint folder `dcp/` that any number of ranks can load, and per rank
-    its RNG state and buffer shard; rank 0 writes the rest and publishes the folder."""
+    its RNG state and buffer shard; rank 0 writes the rest and publishes the folder.
+    `pending`: this rank's batch generated for the next iteration (rollout.lag 1), as
+    Episodes.state(); without it a resumed run would generate that batch with newer weights."""
     name = f"iter_{iteration:06d}"
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
@@ -91,6 +93,8 @@ def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, s
 
         dcp.save(_dcp_state(policy), checkpoint_id=str(tmp / "dcp"))
         torch.save(rng_state(), tmp / f"rng_rank{dist.rank}.pt")
+        if pending is not None:
+            torch.save(pending, tmp / f"pending_rank{dist.rank}.pt")
         if buffer is not None:
             buffer.save(tmp / f"buffer_rank{dist.rank}.safetensors")
         if dist.main:
@@ -103,6 +107,8 @@ def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, s
             save_model(policy.ref_model, str(tmp / "ref_model.safetensors"))
         torch.save({"optimizer": policy.opt.state_dict(), "scheduler": policy.sched.state_dict()}, tmp / "optim.pt")
         torch.save(rng_state(), tmp / "rng.pt")
+        if pending is not None:
+            torch.save(pending, tmp / "pending.pt")
         if buffer is not None:
             buffer.save(tmp / "buffer.safetensors")
     dist.barrier()
@@ -227,3 +233,22 @@ def load(path: Path, policy, buffer_device, beta, dist: Dist = SINGLE
     except Exception as e:
         raise CheckpointError(f"checkpoint {path} could not be loaded: {type(e).__name__}: {e}") from e
     return state, buf, sampler_rng
+
+
+def load_pending(path: Path, dist: Dist = SINGLE) -> dict | None:
+    """This rank's pending batch (rollout.lag 1) saved in checkpoint `path`, as Episodes.state(),
+    or None if the run had none. A pending batch was split over the saving run's ranks: resuming
+    it at another number of ranks is an error."""
+    state = json.loads((path / "state.json").read_text())
+    saved_world = state.get("world_size", 1)
+    names = ["pending.pt"] if saved_world == 1 else [f"pending_rank{r}.pt" for r in range(saved_world)]
+    if not any((path / n).exists() for n in names):
+        return None
+    if saved_world != dist.world:
+        raise CheckpointError(f"checkpoint {path} holds a batch generated ahead (rollout.lag 1) split over "
+                              f"{saved_world} rank(s); resume it at {saved_world} rank(s), not {dist.world}")
+    name = names[dist.rank if saved_world > 1 else 0]
+    try:
+        return torch.load(path / name, weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: {name} could not be loaded: {type(e).__name__}: {e}") from e

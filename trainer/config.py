@@ -86,6 +86,9 @@ class RolloutConfig:
     vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training")
     image_bytes: int = opt(32768, "vision envs: bytes per trajectory for its images (PNG) in the replay buffer; an "
                                   "episode needing more is an error")
+    lag: int = opt(0, "updates between the weights that generate a batch and the update that trains on it: 0 "
+                      "(generate, then train) | 1 (the authors' async_generation_ratio 1: the next batch is "
+                      "generated before this iteration's update, so it trains one update later)")
 
 
 @dataclass
@@ -256,8 +259,11 @@ def buffer_insert(algo: "AlgoConfig") -> str:
 # Instruct, 128 groups x 8 = 1,024 episodes per iteration, 128-token replies, 4,096-token episodes,
 # 100 iterations, one replay update per iteration (train_steps_per_env_step: 1) of a rollout-sized
 # batch, lr 1e-6 cosine with 10 warm-up steps, bf16, vLLM, validation every 5 iterations on 1,024
-# episodes sampled as in training. Weights must be on the machine or reachable from the hub.
-_PAPER_GPU = {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.engine": "vllm", "rollout.episodes": 1024,
+# episodes sampled as in training, and one batch generated ahead (async_generation_ratio 1 in
+# their agentic configs: rollout.lag 1; their math (RLVR) configs and our NQ preset generate
+# synchronously: lag 0 there). Weights must be on the machine or reachable from the hub.
+_PAPER_GPU = {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.engine": "vllm", "rollout.lag": 1,
+              "rollout.episodes": 1024,
               "rollout.group_size": 8, "rollout.max_new_tokens": 128, "rollout.max_len": 4096,
               "rollout.gpu_memory_utilization": 0.5, "eval.every": 5, "eval.episodes": 1024, "algo.lr": 1e-6,
               "algo.replay_updates": 1, "algo.replay_batch": 1024, "algo.micro_batch": 8, "train.sft_steps": 0,
@@ -325,10 +331,12 @@ PRESETS: dict[str, dict] = {
     # Qwen2.5-3B-Instruct, 512 questions x 5 replies per iteration, 500 tokens per turn, lr 1e-6.
     # env.data / env.eval_data must name the local NQ train and test parquet files.
     "qwen2.5-3b-nq-search": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-3B-Instruct", "env.name": "search",
+                             "rollout.lag": 0,
                              "env.retriever": "http://127.0.0.1:8100", "rollout.episodes": 2560,
                              "rollout.group_size": 5, "rollout.max_new_tokens": 500, "rollout.max_len": 4096,
                              "algo.replay_batch": 2560, "algo.tau": 500.0, "eval.episodes": 512},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
+                             "rollout.lag": 0,
                              "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
                              "rollout.max_new_tokens": 4096, "rollout.max_len": 5120, "rollout.episodes": 512,
@@ -357,6 +365,7 @@ PRESETS: dict[str, dict] = {
                                      "env.name": "frozenlake-vlm", "env.image_pixels": 256, "algo.tau": 1000.0,
                                      "rollout.engine": "hf"},
     "qwen2.5-vl-7b-geoqa": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-7B-Instruct", "env.name": "geoqa",
+                            "rollout.lag": 0,
                             "env.max_turns": 1, "rollout.engine": "hf", "rollout.episodes": 4096,
                             "rollout.group_size": 8, "rollout.max_new_tokens": 4096, "rollout.max_len": 5120,
                             "algo.advantage": "grpo", "algo.whiten": False, "algo.adv_clip": 10.0,
@@ -552,6 +561,7 @@ RULES: dict[str, tuple[typing.Callable, str]] = {
     "env.image_key": (lambda v: v.strip() != "", "a column name"),
     "env.image_pixels": (lambda v: 56 <= v <= 2048, "in [56, 2048]"),
     "rollout.image_bytes": (lambda v: 64 <= v <= 2**24, "in [64, 16777216]"),
+    "rollout.lag": (lambda v: v in (0, 1), "0 or 1"),
     "env.corpus": (lambda v: v == "" or Path(v).expanduser().is_file(), "empty or an existing jsonl file"),
     "env.retriever": (lambda v: v == "bm25" or v.startswith(("http://", "https://")) or (
         v.startswith("e5:") and (Path(v[3:]).expanduser() / "meta.json").is_file()),

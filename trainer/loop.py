@@ -40,7 +40,7 @@ from .intervals import mean_ci, rate_ci
 from .metrics import MetricsLog, merge_rows, plot
 from .model import env_kwargs, load_image_processor, load_policy, pick_device
 from .policy import Policy, warm_start
-from .rollout import rollout
+from .rollout import Episodes, rollout
 from .trackers import Trackers
 from .trackers import check_installed as check_trackers
 from .trackers import parse as parse_trackers
@@ -200,11 +200,14 @@ class Trainer:
         self.updates_priorities = self.insert != "own" or (
             a.priority == "advantage" and a.replay_advantage == "recompute")
         self.buffer = self.sampler = None
+        self.pending: Episodes | None = None  # rollout.lag 1: the next iteration's batch, generated ahead
         self.iteration = self.env_steps = self.episodes = 0
         sampler_rng = None
         if resume:
             path = ckpt.latest(self.run_dir / "checkpoints")
             state, self.buffer, sampler_rng = ckpt.load(path, self.policy, self.device, self.beta, dist)
+            pending = ckpt.load_pending(path, dist)
+            self.pending = Episodes.from_state(pending) if pending is not None else None
             self._check_resumed_buffer()
             self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
             if self.drift is not None and state.get("drift"):
@@ -309,6 +312,13 @@ class Trainer:
         share = groups // d.world
         return group_seeds(self.cfg.train.seed, it, groups)[d.rank * share:(d.rank + 1) * share], d.rank * share
 
+    def _rollout(self, it: int) -> Episodes:
+        """This rank's episodes of iteration `it`'s groups, with the engine's current weights."""
+        r = self.cfg.rollout
+        seeds, _ = self._my_groups(it)
+        return rollout(self.engine, self.tok, self.cfg.env.name, env_kwargs(self.cfg), seeds, r.group_size,
+                       r.max_new_tokens, r.max_len, self.sampling, phase=self.phase, processor=self.processor)
+
     def iteration_step(self) -> dict:
         cfg, it, P, dev = self.cfg, self.iteration, self.phase, self.device
         r = cfg.rollout
@@ -317,11 +327,17 @@ class Trainer:
         if cfg.eval.every and it % cfg.eval.every == 0:  # before the rollout: iteration 0 is the untrained policy
             with P("eval"):
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
-        seeds, first = self._my_groups(it)
+        _, first = self._my_groups(it)
+        lag = int(self.pending is not None)  # updates between the batch's weights and these
+        budget = cfg.train.env_step_budget
         with P("rollout"):
             self.engine.wake()
-            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds,
-                         r.group_size, r.max_new_tokens, r.max_len, self.sampling, phase=P, processor=self.processor)
+            ep = self.pending if lag else self._rollout(it)
+            self.pending = None
+            steps = int(self.dist.sum(torch.tensor([ep.env_steps])))
+            last = it + 1 == cfg.train.iterations or bool(budget and self.env_steps + steps >= budget)
+            if r.lag and not last:  # the next batch, with the weights this update starts from
+                self.pending = self._rollout(it + 1)
             self.engine.sleep()
         # every reply failed to score: a scorer bug, not a policy (agreed over the ranks: all stop together)
         if self.dist.flag(ep.extra.get("score_errors", 0.0) == 1.0):
@@ -355,9 +371,7 @@ class Trainer:
 
         with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
-        budget = cfg.train.env_step_budget
         env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
-        last = it + 1 == cfg.train.iterations or (budget and self.env_steps + env_steps >= budget)
         if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
                 ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
@@ -371,7 +385,7 @@ class Trainer:
             "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
             "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
-            "gen_tokens": ep.gen_tokens, "loss": on["loss"], "clip_frac": on["clip_frac"],
+            "gen_tokens": ep.gen_tokens, "rollout_lag": lag, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             **logp_check, "weight_sync_s": sync_s,
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
@@ -479,7 +493,8 @@ class Trainer:
                              {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path,
                               "drift": self.drift.state() if self.drift is not None else None},
                              self.cfg.train.keep_checkpoints, self.dist,
-                             self.sampler.gen.get_state() if self.sampler is not None else None)
+                             self.sampler.gen.get_state() if self.sampler is not None else None,
+                             self.pending.state() if self.pending is not None else None)
 
     def run(self, iterations: int | None = None, on_iteration=None) -> list[dict]:
         """Train until `train.iterations` (or the env-step budget, or `iterations` more); returns this

@@ -10,7 +10,7 @@ state (seed), for GRPO.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -44,6 +44,23 @@ class Episodes:
 
     def __len__(self):
         return self.tokens.shape[0]
+
+    def state(self) -> dict:
+        """Tensors and plain values only (a checkpoint loads it with weights_only=True)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vision"}
+        v = self.vision
+        out["vision"] = None if v is None else {"pixels": v.pixels, "grids": v.grids,
+                                                "image_token_id": v.image_token_id}
+        return out
+
+    @classmethod
+    def from_state(cls, s: dict) -> "Episodes":
+        s = dict(s)
+        if s["vision"] is not None:
+            from .vision import VisionRows
+
+            s["vision"] = VisionRows(**s["vision"])
+        return cls(**s)
 
 
 def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int], group_size: int,

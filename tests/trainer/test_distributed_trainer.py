@@ -273,3 +273,30 @@ def test_a_vision_language_model_trains_on_two_ranks_like_one_process(tmp_path):
         for key in ("loss", "grad_norm", "reward"):
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-6), (a["iteration"], key)
         assert a["replay_rows"] == b["replay_rows"] == 5, "the replay batch's rows, over both ranks"
+
+
+PART = """
+import sys
+from freshper.trainer import config, dist as D
+from freshper.trainer.loop import Trainer
+d = D.init("cpu")
+Trainer(config.load("tiny", None, {"rollout.lag": 1, "rollout.episodes": 4, "train.iterations": 3,
+                                   "train.threads": 1}), sys.argv[1], dist=d).run(iterations=2)
+D.close(d, wait=True)
+"""
+
+
+def test_the_batch_in_flight_is_saved_per_rank_and_resumes_at_its_number_of_ranks(tmp_path):
+    """Two of three iterations on 2 ranks, so the third's batch is in flight at the checkpoint."""
+    script = tmp_path / "part.py"
+    script.write_text(PART)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(tmp_path / "run")], capture_output=True, text=True, env=_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ck = tmp_path / "run" / "checkpoints" / "iter_000002"
+    assert {"pending_rank0.pt", "pending_rank1.pt"} <= {p.name for p in ck.iterdir()}
+    out = subprocess.run([sys.executable, "-m", "freshper.trainer.cli", "train", "--resume", str(tmp_path / "run")],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode != 0 and "resume it at 2 rank(s), not 1" in out.stderr
+    rows = train(tmp_path, "run", 2, resume=True)
+    assert [r["rollout_lag"] for r in rows] == [0, 1, 1] and [r["world_size"] for r in rows] == [2, 2, 2]

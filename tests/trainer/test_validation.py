@@ -41,6 +41,7 @@ INVALID = {
     "eval.temperature": "-0.5",
     "eval.samples": "0",
     "rollout.vllm_sleep": "sometimes",
+    "rollout.lag": "2",
     "rollout.image_bytes": "8",
     "algo.mode": "greedy",
     "algo.advantage": "gae",
