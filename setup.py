@@ -57,7 +57,8 @@ setup(
         "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
         "dev": ["pytest>=7", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17", "tensorboard>=2.14",
                 "wandb>=0.17", "faiss-cpu>=1.8",
-                "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],  # the docs site, built by the tests
+                # the docs site, built in strict mode by the tests
+                "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],
         "dense": ["faiss-cpu>=1.8"],  # env.retriever e5:DIR (the dense retriever's index)
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)

@@ -42,7 +42,8 @@ def options_reference() -> str:
         sec = key.split(".", 1)[0]
         if sec != section:
             section = sec
-            out += ["", f"### {sec}", "", "| option | type | default | allowed | what it does |", "|---|---|---|---|---|"]
+            out += ["", f"### {sec}", "", "| option | type | default | allowed | what it does |",
+                    "|---|---|---|---|---|"]
         if key in choice:
             allowed = " \\| ".join(f"`{c}`" for c in choice[key])
         elif key in rules:

@@ -378,8 +378,8 @@ PRESETS: dict[str, dict] = {
 
 # What a preset cannot default (local data): load() names the missing options.
 PRESET_NEEDS = {"qwen2.5-3b-nq-search": ("env.data", "env.eval_data")}
-PRESET_NEEDS_WHY = {"qwen2.5-3b-nq-search": "NQ's train and test parquet files in Search-R1's format; docs/environments.md, "
-                                            "\"Search agents\""}
+PRESET_NEEDS_WHY = {"qwen2.5-3b-nq-search": "NQ's train and test parquet files in Search-R1's format; "
+                                            "docs/environments.md, \"Search agents\""}
 
 
 def field_table() -> dict[str, tuple[type, object, str]]:
