@@ -9,15 +9,20 @@ What it adds to GRPO (TRL 1.x):
   the policy that generated it, its advantage and reward) in a FreshPER buffer on the training
   device, at the current optimizer step; priority |advantage| or |reward|.
 - After each optimizer step, `replay_updates` replay steps: a batch sampled from the buffer
-  (FreshPER, PER or uniform), TRL's clipped loss with ratios against the stored behaviour
-  log-probs, aggregated as the config's `loss_type` aggregates it (grpo: per sequence then mean;
-  bnpo and dapo: over tokens; dr_grpo: sum over rows x max_completion_length) with its KL term
-  when `beta` > 0 (k3 to the reference model, times the ratio with `use_bias_correction_kl`),
-  each completion weighted by its IS weight (`replay_is_weights`), through
-  freshper.kernels.policy_loss; each step clips gradients and steps the optimizer (the learning
-  rate schedule advances with TRL's own steps only). Settings whose loss replay does not
-  reproduce (other loss types, sequence-level ratios, `delta`, entropy or off-policy masks) are
-  refused when the config is made, not silently replaced.
+  (FreshPER, PER or uniform) goes through TRL's own loss (`GRPOTrainer.compute_loss`) with the
+  stored behaviour log-probs as the old policy, so a replay step follows every setting TRL's
+  step follows: each `loss_type` (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo) with its
+  aggregation, `delta`, `importance_sampling_level` (GSPO's sequence ratio), the entropy filter
+  (`top_entropy_quantile`), `off_policy_mask_threshold`, the entropy bonus, the KL term
+  (`beta`, `use_bias_correction_kl`) and the vLLM importance-sampling correction (its ratios are
+  stored with each completion). The IS weight of a completion (`replay_is_weights`) multiplies
+  its advantage: every loss type's policy term is linear in the advantage and depends on it
+  otherwise only through its sign, so this is the weight times that completion's policy loss,
+  with the sequence ratio of GSPO or the gamma weight of VESPO computed as TRL computes them;
+  the KL term and the entropy bonus are not weighted. Each replay step accumulates
+  `gradient_accumulation_steps` micro-batches, clips gradients and steps the optimizer (the
+  learning-rate schedule and the adaptive entropy controller advance with TRL's own steps only);
+  TRL's per-step metrics of a replay step are logged with a `replay/` prefix.
 - `args=None` gives the replay defaults, as TRL gives GRPOConfig's; a plain GRPOConfig is refused
   before any model loads (replay options would be guessed otherwise).
 - Optionally, as TRL's experimental replay-buffer GRPO trainer did, groups of a fresh batch whose
@@ -52,13 +57,8 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from freshper import ReplayBuffer
-from freshper.kernels import policy_loss
-from freshper.kernels.policy_loss import aggregate
 
 _BUFFER_FILE = "freshper_buffer.safetensors"  # one process; rank r of several: freshper_buffer_rank{r}.safetensors
-# TRL loss_type -> (freshper aggregation, divide by max_completion_length): the clipped losses
-REPLAY_AGG = {"grpo": ("seq-mean-token-mean", False), "bnpo": ("token-mean", False),
-              "dapo": ("token-mean", False), "dr_grpo": ("seq-mean-token-sum", True)}
 
 
 def _pad_to(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
@@ -111,20 +111,6 @@ class FreshPERGRPOConfig(GRPOConfig):
             if not ok:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
         if self.replay_updates > 0:
-            # What the replay loss reproduces of TRL's; anything else is refused here, before a model loads.
-            unsupported = {
-                "loss_type": (self.loss_type not in REPLAY_AGG, f"one of {sorted(REPLAY_AGG)}"),
-                "importance_sampling_level": (getattr(self, "importance_sampling_level", "token") != "token",
-                                              "'token'"),
-                "delta": (getattr(self, "delta", None) is not None, "None"),
-                "top_entropy_quantile": (getattr(self, "top_entropy_quantile", 1.0) < 1.0, "1.0"),
-                "off_policy_mask_threshold": (getattr(self, "off_policy_mask_threshold", None) is not None, "None"),
-            }
-            bad = [f"{k}={getattr(self, k)!r} (replay needs {allowed})" for k, (no, allowed) in unsupported.items()
-                   if no]
-            if bad:
-                raise ValueError("replay steps (replay_updates > 0) reproduce TRL's clipped token-level loss only; "
-                                 "unsupported: " + "; ".join(bad) + ". Change these, or set replay_updates=0.")
             # replay steps call the optimizer themselves; DeepSpeed and FSDP wrap it in engines they own
             wrappers = [k for k in ("deepspeed", "fsdp") if getattr(self, k, None)]
             if wrappers:
@@ -236,8 +222,14 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         pad = self._pad_id()
         adv = out["advantages"].float()
         base = adv.abs() if a.replay_priority == "advantage" else rewards.abs()
+        extra = {}
+        if out.get("sampling_per_token_logps") is not None:  # vLLM's log-probs (the off-policy mask's)
+            extra["sampling_logp"] = _pad_to(out["sampling_per_token_logps"][:, :c].float(), C, False, 0.0)
+        if out.get("importance_sampling_ratio") is not None:  # vLLM correction: (B, T) per token or (B, 1)
+            r = out["importance_sampling_ratio"].float()
+            extra["is_ratio"] = _pad_to(r[:, :c], C, False, 1.0) if r.size(1) > 1 else r
         self.replay_buffer.add(
-            base.double(), step=self.state.global_step,
+            base.double(), step=self.state.global_step, **extra,
             prompt_ids=_pad_to(out["prompt_ids"], P, True, pad), prompt_mask=_pad_to(out["prompt_mask"], P, True, 0),
             completion_ids=_pad_to(out["completion_ids"], C, False, pad),
             completion_mask=_pad_to(out["completion_mask"], C, False, 0),
@@ -287,41 +279,65 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         att = torch.cat([b.prompt_mask[:, p0:], b.completion_mask[:, :c1]], 1)
         return ids, att, c1, b
 
-    def replay_loss(self, ids, att, c1, b):
-        """The IS-weighted clipped token-level loss of a replayed batch (differentiable), aggregated
-        as `loss_type` aggregates TRL's, with its KL term when beta > 0."""
-        a = self.args
-        agg, per_length = REPLAY_AGG[a.loss_type]
-        # the wrapped model (DDP / FSDP under several processes): its backward reduces the gradients
-        logps = self.replay_logps(self.model_wrapped, ids, att, c1, b)
-        weights = b.weights.float() if a.replay_is_weights else None
-        mask = b.completion_mask[:, :c1].bool()
-        old = b.logp[:, :c1]
-        loss, stats = policy_loss(logps, old, b.adv, mask, weights, clip_low=self.epsilon_low,
-                                  clip_high=self.epsilon_high, agg=agg, return_stats=True)
+    def replay_inputs(self, ids, att, c1, b, num_items: torch.Tensor) -> dict:
+        """A replayed batch as the inputs TRL's compute_loss takes: its tokens and masks, the
+        stored behaviour log-probs as `old_per_token_logps`, the stored advantages (times the IS
+        weights with `replay_is_weights`), the reference log-probs when beta > 0, vLLM's stored
+        log-probs and ratios, the images of a VLM; `num_items` is the token count the
+        token-summed losses (dapo, cispo, vespo) divide by."""
+        p = ids.size(1) - c1
+        adv = b.adv.float()
+        if self.args.replay_is_weights:
+            adv = adv * b.weights.float()
+        inputs = {"prompt_ids": ids[:, :p], "prompt_mask": att[:, :p], "completion_ids": ids[:, p:],
+                  "completion_mask": att[:, p:], "advantages": adv, "old_per_token_logps": b.logp[:, :c1],
+                  "num_items_in_batch": num_items, **self._replay_vision(ids, b)}
+        if "sampling_logp" in b.fields:
+            inputs["sampling_per_token_logps"] = b.sampling_logp[:, :c1]
+        if "is_ratio" in b.fields:
+            inputs["importance_sampling_ratio"] = b.is_ratio[:, :c1] if b.is_ratio.size(1) > 1 else b.is_ratio
         if self.beta != 0.0:
             if self.ref_model is None:
                 raise ValueError("beta > 0 needs a reference model for the replay steps' KL term (TRL made none: "
                                  "a PEFT model?); set beta=0 or replay_updates=0")
             with torch.no_grad():
-                ref = self.replay_logps(self.ref_model, ids, att, c1, b)
-            d = ref - logps
-            kl = torch.exp(d) - d - 1
-            if getattr(a, "use_bias_correction_kl", False):
-                kl = kl * torch.exp(logps - old).detach()
-            loss = loss + self.beta * aggregate(kl, mask, agg)
-        if per_length:
-            loss = loss * mask.any(1).sum() / (mask.size(0) * a.max_completion_length)
-        return loss, stats
+                inputs["ref_per_token_logps"] = self.replay_logps(self.ref_model, ids, att, c1, b)
+        return inputs
+
+    def replay_loss(self, inputs: dict, accumulate: int = 1) -> tuple[torch.Tensor, dict]:
+        """TRL's loss of a replayed batch (differentiable) in a window of `accumulate`
+        micro-batches, and the per-step metrics TRL logged for it."""
+        from collections import defaultdict
+
+        saved_metrics, self._metrics["train"] = self._metrics["train"], defaultdict(list)
+        # the adaptive entropy controller follows TRL's steps: a replay step applies its coefficient
+        controller = {k: getattr(self, k) for k in ("entropy_coef", "_last_world_entropy", "_entropy_window_stats")
+                      if hasattr(self, k)}
+        saved_accumulate = getattr(self, "current_gradient_accumulation_steps", None)
+        self.current_gradient_accumulation_steps = accumulate
+        try:
+            # the wrapped model (DDP / FSDP under several processes): its backward reduces the gradients
+            loss = self.compute_loss(self.model_wrapped, inputs)
+        finally:
+            metrics, self._metrics["train"] = self._metrics["train"], saved_metrics
+            for k, v in controller.items():
+                setattr(self, k, v)
+            if saved_accumulate is not None:
+                self.current_gradient_accumulation_steps = saved_accumulate
+        return loss, metrics
+
+    def _locally_normalised(self) -> bool:
+        """Whether loss_type divides by this process's own rows or tokens (so several processes
+        need their shares weighted), not by `num_items_in_batch` over all of them."""
+        return self.args.loss_type not in ("dapo", "cispo", "vespo")
 
     def replay_share(self, mask: torch.Tensor) -> torch.Tensor:
-        """What `loss_type` divides a batch's summed token losses by, for the rows of `mask` (B, T):
-        tokens (bnpo, dapo), rows with a token (grpo), rows (dr_grpo, whose sum is over rows x
-        max_completion_length). A 0-d float tensor."""
-        agg, per_length = REPLAY_AGG[self.args.loss_type]
-        if agg == "token-mean":
+        """What `loss_type` divides a micro-batch's summed token losses by, for the rows of `mask`
+        (B, T): tokens (bnpo), rows (grpo, sapo, luspo; dr_grpo times max_completion_length),
+        tokens for the token-summed losses. A 0-d float tensor."""
+        if self.args.loss_type in ("bnpo", "dapo", "cispo", "vespo"):
             return mask.sum().float()
-        return torch.tensor(float(mask.size(0)), device=mask.device) if per_length else mask.any(1).sum().float()
+        return torch.tensor(float(mask.size(0)), device=mask.device)
 
     def _sharded_batch(self, n: int):
         """(ids, att, c1, batch, weight) of this rank's rows of a global draw of n x processes, and
@@ -338,6 +354,8 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             b = self.replay_buffer.sample(1, step=self.state.global_step)
         ids, att, c1, b = self._replay_batch(n, batch=b)
         mine = self.replay_share(b.completion_mask[:, :c1].bool()) if real else torch.zeros((), device=ids.device)
+        if not self._locally_normalised():  # num_items_in_batch already spans every process's tokens
+            return ids, att, c1, b, torch.tensor(float(real), device=ids.device)
         total = self.accelerator.reduce(mine.clone(), reduction="sum")
         return ids, att, c1, b, mine * world / total.clamp_min(1.0)
 
@@ -348,31 +366,37 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             return
         n = a.replay_batch_size or a.per_device_train_batch_size
         accumulate = max(1, a.gradient_accumulation_steps)
+        world = self.accelerator.num_processes
         self.model.train()
+        m = self._metrics["train"]
         for _ in range(a.replay_updates):
-            # as the HF loop steps: gradient_accumulation_steps micro-batches of n rows, each loss
-            # divided by their number, then one clip and one optimizer step
-            for _ in range(accumulate):
-                if self.accelerator.num_processes > 1:
-                    ids, att, c1, b, weight = self._sharded_batch(n)
-                else:
-                    (ids, att, c1, b), weight = self._replay_batch(n), None
-                loss, stats = self.replay_loss(ids, att, c1, b)
+            # as the HF loop steps: gradient_accumulation_steps micro-batches of n rows (their losses
+            # scaled by TRL as its own are), then one clip and one optimizer step
+            window = [self._sharded_batch(n) if world > 1 else (*self._replay_batch(n), None)
+                      for _ in range(accumulate)]
+            tokens = sum(b.completion_mask[:, :c1].sum() * (w > 0 if w is not None else 1)
+                         for _, _, c1, b, w in window).float()
+            # TRL's token-summed losses divide by num_items / processes * accumulation / steps_per_generation
+            num_items = self.accelerator.reduce(tokens, reduction="sum") * a.steps_per_generation / accumulate
+            total = 0.0
+            for ids, att, c1, b, weight in window:
+                loss, metrics = self.replay_loss(self.replay_inputs(ids, att, c1, b, num_items), accumulate)
                 if weight is not None:
                     loss = loss * weight
-                self.accelerator.backward(loss / accumulate)
+                self.accelerator.backward(loss)
+                total += float(loss.detach())
+                for k, v in metrics.items():
+                    m[f"replay/{k}"].extend(v)
                 age = b.age.double()
-                m = self._metrics["train"]
-                m["replay/loss"].append(float(loss.detach()))
-                m["replay/clip_frac"].append(float(stats["clip_frac"]))
                 m["replay/age_mean"].append(float(age.mean()))
                 m["replay/age_max"].append(float(age.max()))
                 m["replay/is_ess"].append(float(b.ess_fraction))
+            m["replay/loss"].append(total)  # the window's loss, which this optimizer step descends
             if a.max_grad_norm:
                 self.accelerator.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad()
-        self._metrics["train"]["replay/buffer_size"].append(len(self.replay_buffer))
+        m["replay/buffer_size"].append(len(self.replay_buffer))
 
     def _fill_zero_variance(self, out, behaviour):
         """Swap the rows of groups whose advantages are all zero for replayed completions."""

@@ -47,10 +47,12 @@ def test_two_processes_store_their_own_completions_and_replay_one_distribution(t
     assert one["size"] == 20 and set(one["prompts"]) >= set(ranks[0]["prompts"]) | set(ranks[1]["prompts"])
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"])
 def test_rank_shares_of_the_loss_add_up_to_the_whole_batch(tmp_path, tiny_model_dir, loss_type):
-    """What _sharded_batch weights each rank's loss by (its share of the batch as loss_type counts
-    it): the two halves of a batch, weighted so, sum to the loss of the whole batch."""
+    """What _sharded_batch weights each rank's loss by: for a loss that divides by its own rows or
+    tokens, its share of the batch as loss_type counts it; for the token-summed ones (dapo, cispo,
+    vespo) 1, their divisor being the whole batch's tokens. The two halves of a batch, weighted
+    so, sum to the loss of the whole batch."""
     tr = make(tmp_path, tiny_model_dir, loss_type=loss_type, replay_tau=1.0)
     tr.train()
     b = tr.replay_buffer.sample(6, step=tr.state.global_step)
@@ -59,14 +61,16 @@ def test_rank_shares_of_the_loss_add_up_to_the_whole_batch(tmp_path, tiny_model_
         cm[i, keep:] = 0
     b.fields["completion_mask"] = cm
     ids, att, c1, b = tr._replay_batch(0, batch=b)
-    whole, _ = tr.replay_loss(ids, att, c1, b)
+    num_items = b.completion_mask[:, :c1].sum().float()
+    whole, _ = tr.replay_loss(tr.replay_inputs(ids, att, c1, b, num_items))
     total = tr.replay_share(b.completion_mask[:, :c1].bool())
     parts = []
     for rows in (slice(0, 3), slice(3, 6)):
         sub = type(b)(b.indices[rows], b.weights[rows], b.probs[rows], b.birth[rows], b.age[rows], b.beta,
                       {k: v[rows] for k, v in b.fields.items()})
         sids, satt, sc1, sb = tr._replay_batch(0, batch=sub)
-        loss, _ = tr.replay_loss(sids, satt, sc1, sb)
-        parts.append(loss * tr.replay_share(sb.completion_mask[:, :sc1].bool()) / total)
+        loss, _ = tr.replay_loss(tr.replay_inputs(sids, satt, sc1, sb, num_items))
+        share = tr.replay_share(sb.completion_mask[:, :sc1].bool()) / total if tr._locally_normalised() else 1.0
+        parts.append(loss * share)
     assert float(sum(parts)) == pytest.approx(float(whole), rel=1e-5, abs=1e-7)
     assert abs(float(parts[0])) > 1e-6 and abs(float(whole)) > 1e-6, "the premise: non-zero losses"

@@ -40,46 +40,120 @@ def test_long_prompts_train_with_replay_off_and_are_named_with_it_on(tmp_path, t
         tr.train()
 
 
-def reference_loss(tr, ids, att, c1, b, loss_type, beta=0.0):
-    """TRL's clipped loss of GRPOTrainer._compute_loss for the replayed batch, written out."""
-    logits = tr.model(input_ids=ids, attention_mask=att).logits[:, -c1 - 1:-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -c1:, None])[..., 0]
-    mask = b.completion_mask[:, :c1].float()
-    old = b.logp[:, :c1]
-    r = torch.exp(logp - old)
-    a = b.adv[:, None]
-    tok = -torch.minimum(r * a, r.clamp(1 - tr.epsilon_low, 1 + tr.epsilon_high) * a) * b.weights.float()[:, None]
-    if beta:
+# Every GRPOTrainer loss setting a user can pick, each tried on its own over TRL's grpo loss.
+SETTINGS = {
+    "grpo": {}, "bnpo": {"loss_type": "bnpo"}, "dr_grpo": {"loss_type": "dr_grpo"}, "dapo": {"loss_type": "dapo"},
+    "cispo": {"loss_type": "cispo"}, "sapo": {"loss_type": "sapo"},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence"}, "vespo": {"loss_type": "vespo"},
+    "delta": {"delta": 1.05}, "gspo": {"importance_sampling_level": "sequence"},
+    "entropy-filter": {"top_entropy_quantile": 0.5}, "off-policy-mask": {"off_policy_mask_threshold": 0.01},
+    "entropy-bonus": {"entropy_coef": 0.5}, "kl": {"beta": 0.2},
+    "kl-bias-corrected": {"beta": 0.2, "use_bias_correction_kl": True},
+}
+BASE = {"loss_type": "grpo", "beta": 0.0}
+
+
+def trl_twin(tr, **over):
+    """TRL's own GRPOTrainer on the same model object, with the same GRPOConfig fields."""
+    from dataclasses import fields
+
+    from datasets import Dataset
+
+    cfg = {f.name: getattr(tr.args, f.name) for f in fields(trl.GRPOConfig) if f.init}
+    cfg.update(output_dir=tr.args.output_dir + "-trl", **over)
+    cfg.pop("generation_batch_size")  # derived from steps_per_generation in __post_init__
+    twin = trl.GRPOTrainer(model=tr.model, reward_funcs=length_reward, args=trl.GRPOConfig(**cfg),
+                           train_dataset=Dataset.from_list([{"prompt": "x"}] * 4), processing_class=tr.processing_class)
+    twin.current_gradient_accumulation_steps = 1
+    return twin
+
+
+def trl_inputs(tr, ids, att, c1, b, weights=None):
+    """The replayed rows as TRL's compute_loss takes a generation batch, built from the buffer's
+    columns here (not by the integration): behaviour log-probs as the old policy."""
+    p = ids.size(1) - c1
+    adv = b.adv.float() * (weights if weights is not None else 1.0)
+    inputs = {"prompt_ids": ids[:, :p], "prompt_mask": att[:, :p], "completion_ids": ids[:, p:],
+              "completion_mask": att[:, p:], "advantages": adv, "old_per_token_logps": b.logp[:, :c1],
+              "num_items_in_batch": b.completion_mask[:, :c1].sum().float()}
+    if tr.beta:
         with torch.no_grad():
-            rl = tr.ref_model(input_ids=ids, attention_mask=att).logits[:, -c1 - 1:-1].float()
-            ref = torch.log_softmax(rl, -1).gather(-1, ids[:, -c1:, None])[..., 0]
-        tok = tok + beta * (torch.exp(ref - logp) - (ref - logp) - 1) * r.detach()
-    if loss_type == "grpo":
-        return ((tok * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    if loss_type == "dr_grpo":
-        return (tok * mask).sum() / (tok.size(0) * tr.args.max_completion_length)
-    return (tok * mask).sum() / mask.sum()
+            inputs["ref_per_token_logps"] = tr._get_per_token_logps_and_entropies(tr.ref_model, ids, att, c1)[0]
+    return inputs
 
 
-@pytest.mark.parametrize("loss_type,beta", [("grpo", 0.0), ("dr_grpo", 0.0), ("bnpo", 0.0), ("dapo", 0.2)])
-def test_replay_loss_follows_loss_type_and_beta(tmp_path, tiny_model_dir, loss_type, beta):  # noqa: F811
-    tr = make(tmp_path, tiny_model_dir, loss_type=loss_type, beta=beta, replay_tau=1.0, max_steps=2)
-    tr.train()
-    ids, att, c1, b = tr._replay_batch(6)
-    cm = b.fields["completion_mask"]
-    for row, keep in ((0, 2), (3, 5)):  # rows of different lengths, where the aggregations differ
-        cm[row, keep:] = 0
-    got, _ = tr.replay_loss(ids, att, c1, b)
-    want = reference_loss(tr, ids, att, c1, b, loss_type, beta)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-    if beta:  # the KL term is there and matters
-        assert not torch.allclose(want, reference_loss(tr, ids, att, c1, b, loss_type, 0.0), rtol=1e-4, atol=1e-7)
+def loss_and_grads(loss, model):
+    params = [q for q in model.parameters() if q.requires_grad]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return loss.detach(), [g for g in grads if g is not None]
 
 
-@pytest.mark.parametrize("over,name", [({"loss_type": "sapo"}, "loss_type"), ({"delta": 2.0}, "delta"),
-                                       ({"importance_sampling_level": "sequence", "loss_type": "grpo"},
-                                        "importance_sampling_level")])
-def test_settings_replay_cannot_reproduce_are_refused(tmp_path, over, name):
-    with pytest.raises(ValueError, match=name):
-        FreshPERGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], **over)
-    FreshPERGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], replay_updates=0, **over)
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory, tiny_model_dir):  # noqa: F811
+    """One trained trainer per setting (built lazily), its buffer holding completions the
+    policy has since moved away from (lr 1e-2), and 6 replayed rows of unequal lengths."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            tmp = tmp_path_factory.mktemp(name)
+            tr = make(tmp, tiny_model_dir, replay_tau=1.0, replay_is_weights=False, learning_rate=1e-2,
+                      max_steps=3, replay_updates=1, **{**BASE, **SETTINGS[name]})
+            tr.train()
+            b = tr.replay_buffer.sample(6, step=tr.state.global_step)
+            cm = b.fields["completion_mask"].clone()
+            for i, keep in enumerate([8, 2, 5, 1, 8, 3]):
+                cm[i, keep:] = 0
+            b.fields["completion_mask"] = cm
+            made[name] = (tr, *tr._replay_batch(0, batch=b))
+        return made[name]
+    return get
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_replay_step_computes_trls_own_loss(replayed, name):
+    """Policy fixed, no IS weight: the replay loss and its gradients equal what TRL's own
+    GRPOTrainer.compute_loss gives on the same rows; and the setting changes TRL's loss on these
+    rows, so a replay that ignored it would fail here."""
+    tr, ids, att, c1, b = replayed(name)
+    twin = trl_twin(tr)
+    num_items = b.completion_mask[:, :c1].sum().float()
+    ours = loss_and_grads(tr.replay_loss(tr.replay_inputs(ids, att, c1, b, num_items))[0], tr.model)
+    theirs = loss_and_grads(twin.compute_loss(tr.model, trl_inputs(tr, ids, att, c1, b)), tr.model)
+    torch.testing.assert_close(ours[0], theirs[0])
+    for g, h in zip(ours[1], theirs[1]):
+        torch.testing.assert_close(g, h)
+    if SETTINGS[name]:
+        defaults = {k: trl.GRPOConfig.__dataclass_fields__[k].default for k in SETTINGS[name]}
+        plain = trl_twin(tr, **{**defaults, **BASE})
+        ignored = plain.compute_loss(tr.model, trl_inputs(tr, ids, att, c1, b))
+        assert not torch.allclose(ignored.detach(), theirs[0], rtol=1e-4, atol=1e-7), f"{name} matters on these rows"
+
+
+def test_is_weights_scale_each_completions_policy_term(replayed):
+    """With replay_is_weights, a replayed completion's loss is TRL's times its IS weight."""
+    tr, ids, att, c1, b = replayed("grpo")
+    assert not torch.allclose(b.weights, torch.ones_like(b.weights)), "a case where the weights matter"
+    tr.args.replay_is_weights = True
+    try:
+        num_items = b.completion_mask[:, :c1].sum().float()
+        ours = loss_and_grads(tr.replay_loss(tr.replay_inputs(ids, att, c1, b, num_items))[0], tr.model)
+    finally:
+        tr.args.replay_is_weights = False
+    twin = trl_twin(tr)
+    w = b.weights.float()
+    want = loss_and_grads(twin.compute_loss(tr.model, trl_inputs(tr, ids, att, c1, b, weights=w)), tr.model)
+    flat = loss_and_grads(twin.compute_loss(tr.model, trl_inputs(tr, ids, att, c1, b)), tr.model)
+    torch.testing.assert_close(ours[0], want[0])
+    for g, h in zip(ours[1], want[1]):
+        torch.testing.assert_close(g, h)
+    assert not torch.allclose(want[0], flat[0], rtol=1e-4, atol=1e-7), "the weights change the loss"
+
+
+def test_replay_metrics_go_to_trls_log_under_replay(replayed):
+    tr, *_ = replayed("grpo")
+    tr._metrics["train"].clear()
+    tr.replay_steps()
+    m = tr._metrics["train"]
+    assert {"replay/loss", "replay/entropy", "replay/clip_ratio/region_mean", "replay/age_mean"} <= set(m)
+    assert "entropy" not in m, "a replay step's metrics are not TRL's own step's"
