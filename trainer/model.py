@@ -19,7 +19,7 @@ import torch
 
 from .chat import SYSTEM
 from .config import Config
-from .envs import make_env
+from .envs import ENVS, make_env
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
 
@@ -31,29 +31,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def env_kwargs(cfg: Config) -> dict:
-    e = cfg.env
-    if e.name == "math":
-        return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
-                "question_key": e.question_key, "answer_key": e.answer_key, "digits": e.digits, "scorer": e.scorer}
-    if e.name == "search":
-        return {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
-                "question_key": e.question_key, "answer_key": e.answer_key, "corpus": e.corpus, "top_k": e.top_k,
-                "max_searches": e.max_searches, "retriever": e.retriever, "match": e.search_match,
-                "passage_words": e.passage_words}
-    if e.name == "geoqa":
-        return {"format_penalty": e.format_penalty, "data": e.data, "eval_data": e.eval_data,
-                "question_key": e.question_key, "answer_key": e.answer_key, "image_key": e.image_key,
-                "image_size": e.image_pixels}
-    kw = {"max_turns": e.max_turns, "format_penalty": e.format_penalty, "size": e.size}
-    if e.name in ("sokoban", "sokoban-vlm"):
-        kw.update(boxes=e.boxes, search_depth=e.search_depth)
-    else:
-        kw.update(p=e.p_frozen)
-    if e.name in ("frozenlake-vlm", "sokoban-vlm"):
-        kw.update(cell=e.image_pixels // e.size)
-    else:
-        kw.update(prompts=e.prompts)
-    return kw
+    """The environment's constructor keywords, from the env options it declares."""
+    return ENVS[cfg.env.name].config_kwargs(cfg.env)
 
 
 def is_vision_env(cfg: Config) -> bool:

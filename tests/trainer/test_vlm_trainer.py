@@ -15,7 +15,7 @@ def vlm(env="frozenlake-vlm", **over):
     base = {"env.name": env, "env.image_pixels": 112, "rollout.max_len": 1024, "model.tiny_hidden": 128,
             "train.iterations": 2, "algo.mode": "freshper", "algo.replay_updates": 1, **EXACT}
     if env == "geoqa":
-        base.update({"env.max_turns": 1, "rollout.max_new_tokens": 12, "rollout.max_len": 96})
+        base.update({"rollout.max_new_tokens": 12, "rollout.max_len": 96})
     return config.load("tiny", None, {**base, **over})
 
 

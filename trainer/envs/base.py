@@ -67,6 +67,14 @@ class TextEnv:
     # a pretrained tokenizer spells in several tokens (the tiny model's is one stop token), so a
     # reply ends where its answer does instead of running on to the length limit.
     stop_strings: tuple[str, ...] = ("</answer>",)
+    # The env.* config fields this environment takes, each with the constructor keyword it feeds.
+    # Any other env.* field set for it is an error naming the field (config.validate).
+    OPTIONS: dict[str, str] = {}
+
+    @classmethod
+    def config_kwargs(cls, env) -> dict:
+        """Constructor keywords from a run config's env section (trainer.config.EnvConfig)."""
+        return {kw: getattr(env, name) for name, kw in cls.OPTIONS.items()}
 
     def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll"):
         if max_turns <= 0:

@@ -11,7 +11,6 @@ Symbols: P player, _ frozen, O hole, G goal, X player in a hole, √ player on t
 from __future__ import annotations
 
 import numpy as np
-from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from .base import TextEnv, legend, register
 
@@ -58,15 +57,21 @@ class FrozenLake(TextEnv):
 
     prompt_sets = ("roll", "replay")
 
+    OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "p_frozen": "p",
+               "prompts": "prompts"}
+
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
                  prompts: str = "roll"):
         super().__init__(max_turns, format_penalty, prompts)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
         self.size, self.p = size, p
-        self.gym: FrozenLakeEnv | None = None
+        self.gym = None  # gymnasium's FrozenLakeEnv, made at reset
 
     def _reset(self, seed: int) -> None:
+        # imported here: reading a config loads this module (its OPTIONS), not gymnasium
+        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
         self.gym = FrozenLakeEnv(desc=random_map(self.size, self.p, seed), is_slippery=False)
         self.gym.reset(seed=seed)
 

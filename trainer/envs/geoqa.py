@@ -135,6 +135,10 @@ class GeoQA(BoxedQuestion):
     vision = True
     instruction = INSTRUCTION
 
+    OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
+               "question_key": "question_key", "answer_key": "answer_key", "image_key": "image_key",
+               "image_pixels": "image_size"}
+
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
                  question_key: str = "problem", answer_key: str = "answer", image_key: str = "image",
                  image_size: int = 112):

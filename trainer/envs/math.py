@@ -214,6 +214,9 @@ class Math(BoxedQuestion):
     name = "math"
     instruction = INSTRUCTION
 
+    OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
+               "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer"}
+
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
                  question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed"):
         super().__init__(1, format_penalty)

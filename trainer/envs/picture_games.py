@@ -31,6 +31,13 @@ class PictureGame:
     prompt_sets = ("roll",)
     picture_instruction = ""  # the game's VL instruction (the authors' env_instruction) and colour legend
 
+    @classmethod
+    def config_kwargs(cls, env) -> dict:
+        """The text game's keywords, with the picture's side turned into pixels per cell."""
+        kw = super().config_kwargs(env)
+        kw["cell"] = kw.pop("image_pixels") // env.size
+        return kw
+
     def _picture_init(self, cell: int) -> None:
         if not 4 <= cell <= 256:
             raise ValueError(f"cell must lie in [4, 256] pixels, got {cell}")
@@ -64,6 +71,8 @@ class FrozenLakeVLM(PictureGame, FrozenLake):
         "<answer>Right</answer>\nIn the picture: red is you, light blue is ice, dark blue is a hole, green is the "
         "goal. Your available actions are:\nLeft, Down, Right, Up")
 
+    OPTIONS = {**{k: v for k, v in FrozenLake.OPTIONS.items() if k != "prompts"}, "image_pixels": "image_pixels"}
+
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
                  cell: int = 28):
         FrozenLake.__init__(self, max_turns, format_penalty, size, p)
@@ -80,6 +89,8 @@ class SokobanVLM(PictureGame, Sokoban):
         "<answer>Right</answer>\nIn the picture: red is you, orange is you on a target, grey is a wall, light blue "
         "is floor, dark blue is a target, purple is a box, yellow is a box on a target. Your available actions "
         "are:\nUp, Down, Left, Right")
+
+    OPTIONS = {**Sokoban.OPTIONS, "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
                  search_depth: int = 300, cell: int = 28):

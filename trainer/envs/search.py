@@ -35,7 +35,6 @@ import re
 import string
 from collections import Counter
 
-from ..config import check_search_sources
 from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
 from .retrieval import MAX_QUERY_CHARS, Retriever, make_retriever, read_corpus  # noqa: F401  (the env's API)
 
@@ -172,6 +171,15 @@ def _retriever(spec: str, corpus: str, seed: int):
     return make_retriever(spec, corpus, None if corpus else generated_kb(seed)[0])
 
 
+def check_search_sources(data: str, corpus: str, retriever: str) -> None:
+    """ValueError when a dataset's questions have no passages to search: BM25 needs the corpus
+    they are about (a dense index or a service brings its own)."""
+    own = retriever.startswith(("e5:", "http://", "https://"))
+    if data and not corpus and not own:
+        raise ValueError("env.data for search needs env.corpus (the jsonl of passages its questions are about), or "
+                         "an env.retriever that serves its own corpus (e5:DIR or a service URL)")
+
+
 @register
 class Search(QuestionEnv):
     name = "search"
@@ -179,6 +187,11 @@ class Search(QuestionEnv):
     # A reply ends with its query or its answer (as Search-R1 cuts replies): the passages must come
     # from the retriever, never from the model writing on past </search>.
     stop_strings = ("</search>", "</answer>")
+
+    OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
+               "question_key": "question_key", "answer_key": "answer_key", "corpus": "corpus", "top_k": "top_k",
+               "max_searches": "max_searches", "retriever": "retriever", "search_match": "match",
+               "passage_words": "passage_words"}
 
     def __init__(self, max_turns: int = MAX_TURNS, format_penalty: float = -0.15, data: str = "",
                  eval_data: str = "", question_key: str = "question", answer_key: str = "golden_answers",

@@ -159,6 +159,9 @@ class Sokoban(TextEnv):
                    "a box through a wall, and you cannot pull a box. The answer must be one of action in a turn, "
                    "format is <answer>Right</answer>" + legend(SYMBOLS, ("Up", "Down", "Left", "Right")))
 
+    OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "boxes": "boxes",
+               "search_depth": "search_depth"}
+
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
                  search_depth: int = 300, prompts: str = "roll"):
         super().__init__(max_turns, format_penalty, prompts)
