@@ -128,7 +128,7 @@ def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path,
                              f"do not apply (change single fields with --section.field VALUE)")
         if not (run_dir / "config.yaml").exists():
             raise ValueError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
-        cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides)
+        cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides, run_config=True)
         return cfg, run_dir, True
     preset = args.preset or DEFAULT_PRESET
     cfg = C.load(preset, args.config, overrides)
@@ -177,14 +177,15 @@ def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
     return p
 
 
-def single_process_only(p, what: str) -> None:
-    """Refuse a command that runs as one process when torchrun started several."""
+def one_process_refusal(what: str) -> str | None:
+    """Why a command that runs as one process refuses to run under torchrun (None: it may run)."""
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        p.error(f"WORLD_SIZE={world}: {what} runs as one process; run it without torchrun "
+        return (f"WORLD_SIZE={world}: {what} runs as one process; run it without torchrun "
                 f"(freshper train is the command that runs on several ranks)")
+    return None
 
 
 def cmd_train(argv) -> int:
@@ -266,7 +267,8 @@ def cmd_profile(argv) -> int:
     p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
     args, rest = p.parse_known_args(argv)
-    single_process_only(p, "freshper profile")
+    if why := one_process_refusal("freshper profile"):
+        p.error(why)
     try:
         first, last = nsight.parse_window(args.iterations)
         cfg, run_dir, resume = build_config(args, rest)
@@ -367,7 +369,8 @@ def cmd_eval(argv) -> int:
             if args.samples:
                 over["eval.samples"] = args.samples
             config_file = str(target / "config.yaml") if is_run and not args.preset else None
-            cfg = C.load(args.preset or ("frozenlake" if config_file else DEFAULT_PRESET), config_file, over)
+            cfg = C.load(args.preset or ("frozenlake" if config_file else DEFAULT_PRESET), config_file, over,
+                         run_config=config_file is not None)
         except ValueError as e:
             p.error(str(e))
         from .loop import Trainer
@@ -400,10 +403,9 @@ def main(argv=None) -> int:
     if cmd not in COMMANDS:
         print(f"freshper: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-    if world > 1 and cmd in ("compare", "chance", "export", "eval", "plot"):
-        print(f"freshper {cmd}: WORLD_SIZE={world}: this command runs as one process; run it without torchrun "
-              f"(freshper train is the command that runs on several ranks)", file=sys.stderr)
+    why = one_process_refusal(f"freshper {cmd}") if cmd in ("compare", "chance", "export", "eval", "plot") else None
+    if why:
+        print(f"freshper {cmd}: {why}", file=sys.stderr)
         return 2
     return COMMANDS[cmd](argv[1:])
 

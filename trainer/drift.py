@@ -22,8 +22,6 @@ shrinks by the same factor; at T ≈ 40 response tokens that gave tau ≈ 1 iter
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -59,8 +57,3 @@ class DriftTau:
 
     def load(self, s: dict) -> None:
         self.rate, self.tau = s["rate"], s["tau"]
-
-
-def half_life(tau: float) -> float:
-    """Age (iterations) at which exp(-age / tau) halves."""
-    return tau * math.log(2.0)

@@ -81,6 +81,11 @@ def signal_rows(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> t
     return torch.stack([(counts[inv] == 1).double(), tokens, tokens * (adv.abs() > 1e-6).double()], 1)
 
 
+# What each replayed row contributes to a replay update's statistics, in this order; its
+# signal_rows follow.
+REPLAY_ROW_COLUMNS = ("weight", "age", "kl", "kl_k1")
+
+
 def replay_signal(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What a replay batch can teach, from its signal_rows (E, 3): the share of its episodes whose
     group has no other member in the batch, and the share of its loss tokens whose episode
@@ -150,20 +155,45 @@ class Trainer:
         # Seeded after the model exists: building it on a cold cache, or loading it from a warm
         # one, must not decide the sampling streams, so a run is a function of (config, seed).
         seed_everything(cfg.train.seed)
-        a, r = cfg.algo, cfg.rollout
-        self.K = 0 if a.mode == "on-policy" else a.replay_updates
+        self.K = 0 if cfg.algo.mode == "on-policy" else cfg.algo.replay_updates
         self.sft_losses: list[float] = []
         if not resume:  # warm starts run on the whole model, identically on every rank, before sharding
             if dist.main:
                 (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            if cfg.train.perception_steps:
-                with _rank0_first(dist):
-                    self._perception_warm_start()
-            self.sft_losses = warm_start(self.model, self.tok, self._new_env, sft_steps(cfg), cfg.train.sft_lr,
-                                         cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor)
-            if self.sft_losses:
-                log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
-                         "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
+            self._warm_starts()
+        gen_model = self._make_policy()
+        if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
+            seed_everything(cfg.train.seed + 104_729 * dist.rank)
+        self.phase = Phases()
+        r = cfg.rollout
+        self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
+        self._make_replay(resume)
+        self.engine = make_engine(r.engine, gen_model, self.tok, cfg, self.device)
+        if gen_model is not self.model:
+            self.engine.sync_weights(self.model)
+        self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
+                        if dist.main else None)
+        self.resumed = resume
+        if resume and dist.main:  # the checkpoint accepted them: overrides given at resume are the run's config now
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    def _warm_starts(self) -> None:
+        """The perception and format warm starts a new run begins with (train.perception_steps,
+        train.sft_steps; both off for a pretrained model by default)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        if cfg.train.perception_steps:
+            with _rank0_first(self.dist):
+                self._perception_warm_start()
+        self.sft_losses = warm_start(self.model, self.tok, self._new_env, sft_steps(cfg), cfg.train.sft_lr,
+                                     cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor)
+        if self.sft_losses:
+            log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
+                     "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
+
+    def _make_policy(self):
+        """self.policy (sharded on several ranks) and the model the engine generates with: the
+        policy's own, or on several ranks with the HF engine a whole copy kept by sync_weights."""
+        cfg, dist, a = self.cfg, self.dist, self.cfg.algo
         gen_model, compute = self.model, None
         if dist.on:
             import copy
@@ -171,7 +201,7 @@ class Trainer:
             from .sharding import broadcast_weights
 
             broadcast_weights(self.model)
-            if r.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
+            if cfg.rollout.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
                 gen_model = copy.deepcopy(self.model).eval().requires_grad_(False)
             if self.model.dtype != torch.float32:  # float32 master shards, low-precision compute
                 compute = self.model.dtype
@@ -188,10 +218,12 @@ class Trainer:
         self.policy = Policy(self.model, cfg, self.device, total_steps=horizon, dist=dist, compute_dtype=compute,
                              exclude_ids=excluded, stand_in=stand_in)
         self.model = self.policy.model
-        if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
-            seed_everything(cfg.train.seed + 104_729 * dist.rank)
-        self.phase = Phases()
-        self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
+        return gen_model
+
+    def _make_replay(self, resume: bool) -> None:
+        """The replay side: beta schedule, drift tau, insertion rule, the buffer (restored with
+        the rest of the checkpoint on resume) and, on several ranks, the global sampler."""
+        cfg, dist, a = self.cfg, self.dist, self.cfg.algo
         self.beta = linear_beta(a.beta, a.beta_end, steps=max(1, a.beta_steps))
         self.drift = DriftTau(a.tau, a.tau_min, a.tau_max, a.drift_ema) if a.tau_auto and a.mode == "freshper" else None
         # Replay changes a priority only if it may still sit at the maximum (a replay sets its
@@ -204,19 +236,7 @@ class Trainer:
         self.iteration = self.env_steps = self.episodes = 0
         sampler_rng = None
         if resume:
-            path = ckpt.latest(self.run_dir / "checkpoints")
-            state, self.buffer, sampler_rng = ckpt.load(path, self.policy, self.device, self.beta, dist)
-            pending = ckpt.load_pending(path, dist)
-            self.pending = Episodes.from_state(pending) if pending is not None else None
-            self._check_resumed_buffer()
-            self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
-            if self.drift is not None and state.get("drift"):
-                self.drift.load(state["drift"])
-            if state.get("world_size", 1) != dist.world:
-                # the ranks' sampling streams cannot continue the old ones: new ones, fixed by (seed, iteration)
-                seed_everything(cfg.train.seed + 104_729 * dist.rank + 15_485_863 * self.iteration)
-            log.info("resumed from %s (iteration %d, %d env steps, saved by %d rank(s), resumed by %d)", path,
-                     self.iteration, self.env_steps, state.get("world_size", 1), dist.world)
+            sampler_rng = self._restore()
         if self.buffer is None and self.K > 0:
             self.buffer = ReplayBuffer(a.capacity // dist.world, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau,
                                        eps=a.eps, eviction=a.eviction, device=self.device,
@@ -225,14 +245,25 @@ class Trainer:
             self.sampler = DistributedSampler(self.buffer, seed=cfg.train.seed)
             if sampler_rng is not None:
                 self.sampler.gen.set_state(sampler_rng)
-        self.engine = make_engine(r.engine, gen_model, self.tok, cfg, self.device)
-        if gen_model is not self.model:
-            self.engine.sync_weights(self.model)
-        self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
-                        if dist.main else None)
-        self.resumed = resume
-        if resume and dist.main:  # the checkpoint accepted them: overrides given at resume are the run's config now
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    def _restore(self):
+        """Load the latest checkpoint into the policy, buffer, counters, drift and pending batch;
+        returns the distributed sampler's RNG state (or None)."""
+        cfg, dist = self.cfg, self.dist
+        path = ckpt.latest(self.run_dir / "checkpoints")
+        state, self.buffer, sampler_rng = ckpt.load(path, self.policy, self.device, self.beta, dist)
+        pending = ckpt.load_pending(path, dist)
+        self.pending = Episodes.from_state(pending) if pending is not None else None
+        self._check_resumed_buffer()
+        self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
+        if self.drift is not None and state.get("drift"):
+            self.drift.load(state["drift"])
+        if state.get("world_size", 1) != dist.world:
+            # the ranks' sampling streams cannot continue the old ones: new ones, fixed by (seed, iteration)
+            seed_everything(cfg.train.seed + 104_729 * dist.rank + 15_485_863 * self.iteration)
+        log.info("resumed from %s (iteration %d, %d env steps, saved by %d rank(s), resumed by %d)", path,
+                 self.iteration, self.env_steps, state.get("world_size", 1), dist.world)
+        return sampler_rng
 
     def _check_resumed_buffer(self) -> None:
         """--resume with buffer settings other than the checkpoint's is an error naming them."""
@@ -282,9 +313,10 @@ class Trainer:
                              mask=torch.ones_like(adv[:, None], dtype=torch.bool)).double()
 
     def _advantages(self, score, group, mask):
-        a, total = self.cfg.algo, self.dist.sum
-        adv = advantages(a.advantage, score, group, std=a.group_std, total=total)
-        return adv, shape(adv, mask, a.whiten, a.adv_clip, total=total)
+        """(E,) episode advantages and their (E, L) token advantages, shaped."""
+        a = self.cfg.algo
+        adv = advantages(a.advantage, score, group, std=a.group_std, total=self.dist.sum)
+        return adv, self._shape(adv, mask)
 
     def _shape(self, adv, mask):
         a = self.cfg.algo
@@ -312,6 +344,12 @@ class Trainer:
         share = groups // d.world
         return group_seeds(self.cfg.train.seed, it, groups)[d.rank * share:(d.rank + 1) * share], d.rank * share
 
+    def _finished(self, iterations: int, env_steps: int) -> bool:
+        """Whether a run that has done `iterations` and spent `env_steps` is at its end: the last
+        iteration (train.iterations) or the env-step budget (train.env_step_budget, 0: none)."""
+        t = self.cfg.train
+        return iterations >= t.iterations or bool(t.env_step_budget and env_steps >= t.env_step_budget)
+
     def _rollout(self, it: int) -> Episodes:
         """This rank's episodes of iteration `it`'s groups, with the engine's current weights."""
         r = self.cfg.rollout
@@ -329,13 +367,12 @@ class Trainer:
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
         _, first = self._my_groups(it)
         lag = int(self.pending is not None)  # updates between the batch's weights and these
-        budget = cfg.train.env_step_budget
         with P("rollout"):
             self.engine.wake()
             ep = self.pending if lag else self._rollout(it)
             self.pending = None
             steps = int(self.dist.sum(torch.tensor([ep.env_steps])))
-            last = it + 1 == cfg.train.iterations or bool(budget and self.env_steps + steps >= budget)
+            last = self._finished(it + 1, self.env_steps + steps)
             if r.lag and not last:  # the next batch, with the weights this update starts from
                 self.pending = self._rollout(it + 1)
             self.engine.sleep()
@@ -416,7 +453,8 @@ class Trainer:
             per_row = self.dist.cat(torch.cat([torch.stack([b.weights.double(), b.age.double(),
                                                             st["row_kl"].double(), st["row_kl1"].double()], 1),
                                                signal_rows(b.group, adv, b.mask)], 1))
-            w, age, kl = per_row[:, 0], per_row[:, 1], per_row[:, 2]
+            col = dict(zip(REPLAY_ROW_COLUMNS, per_row[:, :len(REPLAY_ROW_COLUMNS)].T))
+            age, kl = col["age"], col["kl"]
             if self.drift is not None:
                 self.drift.observe(age, kl)
             # age bins 0, 1, 2-3, 4-7, ...: bin index = bit length of the age
@@ -426,15 +464,16 @@ class Trainer:
             if self.updates_priorities and len(b):  # on several ranks a rank may draw no row
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
-            ess = ess_fraction(w)
-            singletons, adv_nonzero = replay_signal(per_row[:, 4:])
-            rows.append(torch.stack([ess, age.mean(), age.max(), kl.mean(), per_row[:, 3].mean(), singletons,
-                                     adv_nonzero]).cpu())
-            rows[-1] = [*rows[-1].tolist(), st["loss"], st["clip_frac"], st["ratio_mean"], per_row.shape[0]]
-        names = ["is_ess", "replay_age_mean", "replay_age_max", "replay_kl", "replay_kl_k1", "replay_singleton_frac",
-                 "replay_adv_nonzero_frac", "replay_loss", "replay_clip_frac", "replay_ratio_mean", "replay_rows"]
-        out = {n: sum(r[i] for r in rows) / len(rows) for i, n in enumerate(names)}
-        out["replay_age_max"] = max(r[2] for r in rows)
+            singletons, adv_nonzero = replay_signal(per_row[:, len(REPLAY_ROW_COLUMNS):])
+            stats = torch.stack([ess_fraction(col["weight"]), age.mean(), age.max(), kl.mean(), col["kl_k1"].mean(),
+                                 singletons, adv_nonzero]).tolist()
+            rows.append({"is_ess": stats[0], "replay_age_mean": stats[1], "replay_age_max": stats[2],
+                         "replay_kl": stats[3], "replay_kl_k1": stats[4], "replay_singleton_frac": stats[5],
+                         "replay_adv_nonzero_frac": stats[6], "replay_loss": st["loss"],
+                         "replay_clip_frac": st["clip_frac"], "replay_ratio_mean": st["ratio_mean"],
+                         "replay_rows": per_row.shape[0]})
+        out = {n: sum(r[n] for r in rows) / len(rows) for n in rows[0]}
+        out["replay_age_max"] = max(r["replay_age_max"] for r in rows)
         sums, counts = bins.cpu().tolist()
         # {lowest age of the bin: [mean KL(mu || pi) per token, trajectories]}: the KL-vs-age data
         out["replay_kl_by_age"] = {str(0 if i == 0 else 2 ** (i - 1)): [round(sums[i] / counts[i], 6), int(counts[i])]
@@ -523,7 +562,7 @@ class Trainer:
             redirect = nullcontext()
         with _stop_on_signals(self), closing(self.trackers), redirect:
             while self.iteration < end and not self.interrupted:
-                if cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget:
+                if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
                     break
                 ctx = on_iteration(self.iteration) if on_iteration else nullcontext()
@@ -550,10 +589,9 @@ class Trainer:
         if main:
             try:
                 png = plot(self.run_dir)
-            except ValueError:
-                pass
-        if rows and not self.interrupted and (self.iteration >= cfg.train.iterations or (
-                cfg.train.env_step_budget and self.env_steps >= cfg.train.env_step_budget)):
+            except ValueError as e:  # e.g. no row to draw yet
+                log.warning("learning curve not drawn: %s", e)
+        if rows and not self.interrupted and self._finished(self.iteration, self.env_steps):
             from .export import save_hf
 
             final = save_hf(self.model, self.tok, self.run_dir / "final", net=self.policy.net, dist=self.dist,

@@ -93,30 +93,20 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
     env, rng = make_env(), random.Random(seed + 104729)
     if env.name not in PLAYER:
         raise ValueError(f"train.perception_steps is for the games ({', '.join(PLAYER)}), not {env.name}")
+    from .policy import supervised_step
+
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    device = next(model.parameters()).device
     losses = []
     for step in range(steps):
         rows = examples(env, SEED_BASE + step * batch, batch, rng)
-        ids, labels = [], []
+        tokens = []
         for chat, answer in rows:
             prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
             p = tok(prompt, add_special_tokens=False)["input_ids"]
             a = tok(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            ids.append(p + a)
-            labels.append([-100] * len(p) + a)
-        width = max(len(x) for x in ids)
-        x = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
-        y = torch.full((len(ids), width), -100, dtype=torch.long)
-        att = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, (a, b) in enumerate(zip(ids, labels)):
-            x[i, :len(a)], y[i, :len(b)], att[i, :len(a)] = torch.tensor(a), torch.tensor(b), 1
-        out = model(input_ids=x.to(device), attention_mask=att.to(device), labels=y.to(device))
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
+            tokens.append((p + a, [-100] * len(p) + a))
+        losses.append(supervised_step(model, opt, tokens, tok.pad_token_id))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_model(model, str(tmp))

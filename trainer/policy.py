@@ -198,6 +198,25 @@ class Policy:
                 "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1}
 
 # ------------------------------------------------------------------------- warm start (SFT)
+def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id: int, vision=None) -> float:
+    """One optimizer step of next-token cross-entropy on token rows, each (ids, labels) with
+    labels -100 where no loss is taken, right-padded into one batch; returns the loss (nats per
+    loss token). `vision`: a VLM's trainer.vision.VisionRows of these rows."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels, attn = torch.full_like(ids, -100), torch.zeros_like(ids)
+    for r, (x, y) in enumerate(rows):
+        ids[r, :len(x)], labels[r, :len(y)], attn[r, :len(x)] = torch.tensor(x), torch.tensor(y), 1
+    ids = ids.to(device)
+    extra = vision.kwargs(slice(None), ids) if vision is not None else {}
+    out = model(input_ids=ids, attention_mask=attn.to(device), labels=labels.to(device), **extra)
+    opt.zero_grad(set_to_none=True)
+    out.loss.backward()
+    opt.step()
+    return float(out.loss.detach())
+
+
 def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
                batch: int = 16, processor=None) -> list[float]:
     """Supervised steps on whole episodes (chats, as the rollout builds them) whose replies are
@@ -208,7 +227,6 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
         return []
     from .chat import Episode
 
-    device = next(model.parameters()).device
     rng = random.Random(seed + 7919)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -226,23 +244,11 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
                                                   images=env.images() if proc else ()):
                     break
             rows.append(ep)
-        width = max(len(ep) for ep in rows)
-        ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((batch, width), -100, dtype=torch.long)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for i, ep in enumerate(rows):
-            t = torch.tensor(ep.ids)
-            ids[i, :len(ep)] = t
-            labels[i, :len(ep)] = torch.where(torch.tensor(ep.mask), t, -100)
-            attn[i, :len(ep)] = 1
-        vision = {}
+        vision = None
         if proc is not None:
             from .vision import VisionRows
 
-            vision = VisionRows.of([ep.vision_inputs() for ep in rows]).kwargs(slice(None), ids.to(device))
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device), **vision)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
+            vision = VisionRows.of([ep.vision_inputs() for ep in rows])
+        tokens = [(ep.ids, [t if m else -100 for t, m in zip(ep.ids, ep.mask)]) for ep in rows]
+        losses.append(supervised_step(model, opt, tokens, tokenizer.pad_token_id, vision))
     return losses

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.drift import DriftTau, half_life
+from freshper.trainer.drift import DriftTau
 from freshper.trainer.loop import Trainer
 
 
@@ -15,7 +15,7 @@ def test_tau_from_a_known_drift_rate():
     d.observe(age, 0.01 * age)  # KL grows 0.01 per iteration of age
     assert d.update() == pytest.approx(1 / (2 * 0.01))
     # the decay halves where the ESS fraction exp(-2 r age) halves
-    assert math.exp(-2 * 0.01 * half_life(d.tau)) == pytest.approx(0.5)
+    assert math.exp(-2 * 0.01 * d.tau * math.log(2.0)) == pytest.approx(0.5)
 
 
 def test_bounds_smoothing_and_no_data():
