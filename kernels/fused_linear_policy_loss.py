@@ -188,11 +188,12 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
 
 def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, mask, weights=None, *,
                              clip_low=0.2, clip_high=0.2, agg="token-mean", ref_logp=None, kl_coef=0.0,
-                             tis_logp=None, tis_cap=None, chunk_size=None, vocab_chunk=None, return_stats=False,
-                             exclude=None):
+                             tis_logp=None, tis_cap=None, loss="clip", ratio_level="token", chunk_size=None,
+                             vocab_chunk=None, return_stats=False, exclude=None):
     """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed in
     tiles: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64; the rest as
-    in `policy_loss`. Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
+    in `policy_loss` (`loss`, `ratio_level` too: the log-probs of whole rows are computed before the
+    loss). Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
     chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`.
     With `return_stats`, also a dict of the loss's detached statistics (as `policy_loss`) plus
     "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
@@ -221,8 +222,8 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
         if exclude is not None and bool(torch.isin(y, exclude).any()):
             raise ValueError("targets of unmasked tokens must not be in exclude (their probability is 0)")
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
-              tis_logp=tis_logp, tis_cap=tis_cap)
-    loss, *stats = _FusedLinearPolicyLoss.apply(
+              tis_logp=tis_logp, tis_cap=tis_cap, loss=loss, ratio_level=ratio_level)
+    out, *stats = _FusedLinearPolicyLoss.apply(
         hidden, lm_weight, targets, old_logp.detach(), advantages.detach(), mask,
         weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk, exclude)
-    return (loss, dict(zip((*_STATS, "logp"), stats))) if return_stats else loss
+    return (out, dict(zip((*_STATS, "logp"), stats))) if return_stats else out

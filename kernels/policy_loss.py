@@ -16,6 +16,16 @@ losses are then aggregated over the mask:
 
 Fully masked sequences contribute nothing and do not count; an all-masked batch gives 0.
 
+Two variants of the policy term (`loss`, `ratio_level`):
+
+    loss="cispo":            l_t = w_b * c_t * -sg(min(r, 1 + clip_high)) A_t logp_t   (MiniMax-M1's CISPO:
+                             the IS weight clipped and detached, every token keeps a gradient)
+    ratio_level="sequence":  r is the sequence's exp(mean over its tokens of logp - old_logp) for
+                             every token of it (GSPO), so a token's loss depends on its whole row
+
+Sequence-level ratios run in the torch reference on every device: the kernel's one pass treats
+tokens independently.
+
 Every token's loss depends on its own log-prob alone, so d loss / d logp_t = coef_b * dl_t with
 coef_b fixed by the mask. The kernel runs one program per (sequence, block of tokens), computes
 dl_t and the partial sums in the same pass, and backward only scales dl by coef_b and the
@@ -30,6 +40,8 @@ import torch
 from .backend import HAS_TRITON, launch_range, require_triton, use_triton
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSSES = ("clip", "cispo")
+RATIO_LEVELS = ("token", "sequence")
 _STATS = ("clip_frac", "ratio_mean", "kl_mean", "tokens")
 
 if HAS_TRITON:
@@ -41,7 +53,8 @@ if HAS_TRITON:
                          T, stride_lp, stride_old, stride_adv_b, stride_adv_t, stride_mask, stride_ref, stride_tis,
                          stride_dl,
                          clip_low, clip_high, kl_coef, tis_cap,
-                         HAS_W: tl.constexpr, HAS_KL: tl.constexpr, HAS_TIS: tl.constexpr, BLOCK_T: tl.constexpr):
+                         HAS_W: tl.constexpr, HAS_KL: tl.constexpr, HAS_TIS: tl.constexpr, CISPO: tl.constexpr,
+                         BLOCK_T: tl.constexpr):
         # Program (b, c) handles tokens [c*BLOCK_T, (c+1)*BLOCK_T) of sequence b and writes its five
         # partial sums; a grid over tokens as well as sequences keeps every SM busy when B is small.
         b = tl.program_id(0).to(tl.int64)
@@ -55,13 +68,18 @@ if HAS_TRITON:
         old = tl.load(old_ptr + b * stride_old + t, mask=m, other=0.0).to(tl.float32)
         a = tl.load(adv_ptr + b * stride_adv_b + t * stride_adv_t, mask=m, other=0.0).to(tl.float32)
         ratio = tl.exp(lp - old)
-        clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
-        s1 = ratio * a
-        s2 = clipped * a
-        # The clipped branch binds when it is strictly smaller: then the gradient is zero.
-        binds = s2 < s1
-        pg = -tl.where(binds, s2, s1)
-        dpg = tl.where(binds, 0.0, -s1)
+        if CISPO:  # the capped ratio is a constant factor: d/dlogp of -c A logp is -c A
+            capped = tl.minimum(ratio, 1.0 + clip_high)
+            pg = -capped * a * lp
+            dpg = -capped * a
+        else:
+            clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
+            s1 = ratio * a
+            s2 = clipped * a
+            # The clipped branch binds when it is strictly smaller: then the gradient is zero.
+            binds = s2 < s1
+            pg = -tl.where(binds, s2, s1)
+            dpg = tl.where(binds, 0.0, -s1)
         scale = w
         if HAS_TIS:
             tis = tl.load(tis_ptr + b * stride_tis + t, mask=m, other=0.0).to(tl.float32)
@@ -76,7 +94,10 @@ if HAS_TRITON:
             loss += kl_coef * kl
             dl += kl_coef * (1.0 - e)
         tl.store(dl_ptr + b * stride_dl + t, tl.where(m, dl, 0.0), mask=inb)
-        clip_active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
+        if CISPO:
+            clip_active = (a > 0) & (ratio > 1.0 + clip_high)
+        else:
+            clip_active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
         out = part_ptr + (b * n_chunks + c) * 5
         tl.store(out + 0, tl.sum(tl.where(m, loss, 0.0), axis=0))
         tl.store(out + 1, tl.sum(m.to(tl.float32), axis=0))
@@ -86,8 +107,12 @@ if HAS_TRITON:
 
 
 def check_inputs(logp, old_logp, advantages, mask, weights, clip_low, clip_high, agg, ref_logp, kl_coef,
-                 tis_logp, tis_cap) -> None:
+                 tis_logp, tis_cap, loss="clip", ratio_level="token") -> None:
     """Raise ValueError naming the first bad argument."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
     shape = tuple(logp.shape)
@@ -146,10 +171,13 @@ def _stats(rows: torch.Tensor) -> dict:
 
 
 def loss_and_grad_triton(logp, old_logp, advantages, mask, weights=None, *, clip_low=0.2, clip_high=0.2,
-                         agg="token-mean", ref_logp=None, kl_coef=0.0, tis_logp=None, tis_cap=None):
+                         agg="token-mean", ref_logp=None, kl_coef=0.0, tis_logp=None, tis_cap=None, loss="clip",
+                         ratio_level="token"):
     """(loss, d loss / d logp (B, T) float32, stats) from the Triton kernel; no autograd."""
     check_inputs(logp, old_logp, advantages, mask, weights, clip_low, clip_high, agg, ref_logp, kl_coef,
-                 tis_logp, tis_cap)
+                 tis_logp, tis_cap, loss, ratio_level)
+    if ratio_level != "token":
+        raise ValueError("the kernel computes token-level ratios; ratio_level='sequence' runs in the reference")
     require_triton(logp)
     B, T = logp.shape
     dev = logp.device
@@ -178,29 +206,37 @@ def loss_and_grad_triton(logp, old_logp, advantages, mask, weights=None, *, clip
                 float(clip_low), float(clip_high), float(kl_coef),
                 float(tis_cap) if tis_cap is not None else float("inf"),
                 HAS_W=weights is not None, HAS_KL=ref_logp is not None and kl_coef > 0, HAS_TIS=tis_logp is not None,
-                BLOCK_T=block_t)
+                CISPO=loss == "cispo", BLOCK_T=block_t)
     rows = parts.sum(1)  # (B, 5): loss, tokens, clipped, ratio and kl sums per sequence
     coef = _row_coef(rows[:, 1], agg)
-    loss = (rows[:, 0] * coef).sum()
-    return loss, dl * coef[:, None], _stats(rows)
+    total = (rows[:, 0] * coef).sum()
+    return total, dl * coef[:, None], _stats(rows)
 
 
 def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, clip_low=0.2, clip_high=0.2,
                           agg="token-mean", ref_logp=None, kl_coef=0.0, tis_logp=None, tis_cap=None,
-                          return_stats=False):
+                          loss="clip", ratio_level="token", return_stats=False):
     """The loss in plain torch ops, differentiable by autograd; computes in logp's dtype
     (pass float64 for a reference)."""
     check_inputs(logp, old_logp, advantages, mask, weights, clip_low, clip_high, agg, ref_logp, kl_coef,
-                 tis_logp, tis_cap)
+                 tis_logp, tis_cap, loss, ratio_level)
     dt = logp.dtype if logp.dtype == torch.float64 else torch.float32
     lp = logp.to(dt)
     old = old_logp.to(dt)
     m = mask.to(dt)
     a = advantages.to(dt)
     a = a[:, None].expand_as(lp) if a.dim() == 1 else a
-    ratio = torch.exp(lp - old)
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    tok = -torch.minimum(ratio * a, clipped * a)
+    log_ratio = lp - old
+    if ratio_level == "sequence":  # GSPO: the row's mean log-ratio, for each of its tokens
+        live = m > 0
+        seq = torch.where(live, log_ratio, torch.zeros_like(log_ratio)).sum(-1) / m.sum(-1).clamp_min(1.0)
+        log_ratio = seq[:, None].expand_as(lp)
+    ratio = torch.exp(log_ratio)
+    if loss == "cispo":
+        tok = -ratio.clamp(max=1.0 + clip_high).detach() * a * lp
+    else:
+        clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+        tok = -torch.minimum(ratio * a, clipped * a)
     scale = torch.ones_like(lp)
     if weights is not None:
         scale = scale * weights.to(dt)[:, None]
@@ -214,16 +250,18 @@ def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, cli
         kl = torch.exp(d) - d - 1.0
         tok = tok + kl_coef * kl
     counts = m.sum(-1)
-    loss = aggregate(tok, m, agg)
+    total = aggregate(tok, m, agg)
     if not return_stats:
-        return loss
+        return total
     with torch.no_grad():
         live = m > 0
         denom = counts.sum().clamp_min(1.0)
-        active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
+        active = (a > 0) & (ratio > 1.0 + clip_high)
+        if loss != "cispo":
+            active = active | ((a < 0) & (ratio < 1.0 - clip_low))
         stats = {"clip_frac": (active & live).sum() / denom, "ratio_mean": torch.where(live, ratio, 0.0).sum() / denom,
                  "kl_mean": torch.where(live, kl, 0.0).sum() / denom, "tokens": counts.sum()}
-    return loss, stats
+    return total, stats
 
 
 def loss_and_grad_reference(logp, old_logp, advantages, mask, weights=None, **kw):
@@ -254,18 +292,19 @@ class _PolicyLoss(torch.autograd.Function):
 
 
 def policy_loss(logp, old_logp, advantages, mask, weights=None, *, clip_low=0.2, clip_high=0.2,
-                agg="token-mean", ref_logp=None, kl_coef=0.0, tis_logp=None, tis_cap=None,
-                return_stats=False):
+                agg="token-mean", ref_logp=None, kl_coef=0.0, tis_logp=None, tis_cap=None, loss="clip",
+                ratio_level="token", return_stats=False):
     """IS-weighted clipped token-level policy loss, a scalar differentiable w.r.t. `logp`.
 
     logp, old_logp, mask, ref_logp, tis_logp: (B, T); advantages: (B, T) or (B,); weights: (B,)
-    per-sequence PER weights. Triton on CUDA, the torch reference elsewhere. With
+    per-sequence PER weights. `loss` "clip" (PPO's) or "cispo"; `ratio_level` "token" or
+    "sequence" (GSPO). Triton on CUDA for token-level ratios, the torch reference otherwise. With
     `return_stats`, also a dict of detached scalars: clip_frac and ratio_mean over unmasked
     tokens, kl_mean (0 without KL), tokens.
     """
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
-              tis_logp=tis_logp, tis_cap=tis_cap)
-    if use_triton(logp):
+              tis_logp=tis_logp, tis_cap=tis_cap, loss=loss, ratio_level=ratio_level)
+    if use_triton(logp) and ratio_level == "token":
         return policy_loss_triton(logp, old_logp, advantages, mask, weights, return_stats=return_stats, **kw)
     return policy_loss_reference(logp, old_logp, advantages, mask, weights, return_stats=return_stats, **kw)
 
@@ -278,7 +317,8 @@ def policy_loss_triton(logp, old_logp, advantages, mask, weights=None, *, return
 
 
 def loss_and_grad(logp, old_logp, advantages, mask, weights=None, **kw):
-    """(loss, d loss / d logp, stats): the kernel on CUDA, autograd on the reference elsewhere."""
-    if use_triton(logp):
+    """(loss, d loss / d logp, stats): the kernel on CUDA (token-level ratios), autograd on the
+    reference otherwise."""
+    if use_triton(logp) and kw.get("ratio_level", "token") == "token":
         return loss_and_grad_triton(logp, old_logp, advantages, mask, weights, **kw)
     return loss_and_grad_reference(logp, old_logp, advantages, mask, weights, **kw)

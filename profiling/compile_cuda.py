@@ -97,19 +97,20 @@ def policy_loss_launches() -> list[Launch]:
     every option on, and the smallest and largest token blocks."""
     L = importlib.import_module("freshper.kernels.policy_loss")  # the package re-exports a function of that name
 
-    def one(dt, has_w, has_kl, has_tis, block_t, mask="*u8"):
+    def one(dt, has_w, has_kl, has_tis, block_t, mask="*u8", cispo=False):
         sig = dict(logp_ptr=dt, old_ptr=dt, adv_ptr="*fp32", mask_ptr=mask, w_ptr="*fp32", ref_ptr=dt, tis_ptr=dt,
                    dl_ptr="*fp32", part_ptr="*fp32", T="i32", stride_lp="i32", stride_old="i32",
                    stride_adv_b="i32", stride_adv_t="i32", stride_mask="i32", stride_ref="i32", stride_tis="i32",
                    stride_dl="i32", clip_low="fp32", clip_high="fp32", kl_coef="fp32", tis_cap="fp32")
-        const = dict(HAS_W=has_w, HAS_KL=has_kl, HAS_TIS=has_tis, BLOCK_T=block_t)
+        const = dict(HAS_W=has_w, HAS_KL=has_kl, HAS_TIS=has_tis, CISPO=cispo, BLOCK_T=block_t)
         name = (f"_policy_loss_fwd {dt[1:]} w={int(has_w)} kl={int(has_kl)} tis={int(has_tis)} T={block_t} "
-                f"mask={mask[1:]}")
+                f"mask={mask[1:]}{' cispo' if cispo else ''}")
         return Launch(name, L._policy_loss_fwd, sig, const)
 
     out = [one("*fp32", w, kl, tis, 1024) for w in (False, True) for kl in (False, True) for tis in (False, True)]
     out += [one(dt, True, True, True, 1024) for dt in ("*bf16", "*fp16", "*fp64")]
     out += [one("*fp32", True, True, True, 16), one("*bf16", True, True, True, 16, mask="*fp32")]
+    out += [one(dt, True, True, True, 1024, cispo=True) for dt in ("*fp32", "*bf16")]
     return out
 
 

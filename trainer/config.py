@@ -255,6 +255,12 @@ class AlgoConfig:
         choices=lazy("freshper.priorities", "BASE_PRIORITIES"), bad='loss')
     behaviour_logp: str = opt("before", "before (the acting policy: the true ratio) | after (the paper's code)",
         choices=("before", "after"), bad='during')
+    loss: str = opt("clip", "the policy term: clip (PPO's clipped ratio, the paper's code) | cispo (the ratio capped "
+                            "at 1 + clip_high and detached, times the log-prob: MiniMax-M1's CISPO)",
+        choices=lazy("freshper.kernels.policy_loss", "LOSSES"), bad='ppo')
+    ratio_level: str = opt("token", "token (each token's ratio, the paper's code) | sequence (GSPO: a sequence's "
+                                    "exp(mean log-ratio) for all its tokens)",
+        choices=lazy("freshper.kernels.policy_loss", "RATIO_LEVELS"), bad='episode')
     clip_low: float = opt(0.2, "PPO clip below 1",
         rule=lambda v: 0 <= v < 1, allowed="in [0, 1)", bad='1')
     clip_high: float = opt(0.2, "PPO clip above 1",

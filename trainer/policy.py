@@ -170,7 +170,8 @@ class Policy:
             loss, st = self.net(tk, lengths[sl], lambda h, w: fused_linear_policy_loss(
                 h, w, tk[:, 1:], old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
                 None if weights is None else weights[sl],
-                clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, ref_logp=cut(ref_logp),
+                clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, loss=a.loss, ratio_level=a.ratio_level,
+                ref_logp=cut(ref_logp),
                 kl_coef=a.kl_coef if ref_logp is not None else 0.0,
                 tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
                 exclude=self.exclude),

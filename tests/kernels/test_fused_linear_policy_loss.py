@@ -235,3 +235,20 @@ def test_excluded_tokens_leave_the_softmax():
     torch.testing.assert_close(lp.double(), torch.log_softmax(z, -1).gather(-1, ys[:, None])[:, 0], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="must not be in exclude"):
         fused_linear_policy_loss(hidden, weight, torch.full_like(targets, 64), old, adv, mask, exclude=banned)
+
+
+@pytest.mark.parametrize("loss,level", [("cispo", "token"), ("clip", "sequence"), ("cispo", "sequence")])
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_cispo_and_sequence_ratios_through_the_lm_head(loss, level, agg):
+    """The fused op computes whole rows' log-probs before the loss, so CISPO and GSPO's sequence
+    ratio go through it exactly as through eager logits."""
+    hidden, weight, targets, mask, old, adv, w, ref = on(*make(3, 9, 16, 50, seed=7))
+    old = old.clone()
+    kw = dict(agg=agg, loss=loss, ratio_level=level)
+    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, chunk_size=4,
+                                                        vocab_chunk=16, **kw), hidden, weight, torch.float64)
+    want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, **kw), hidden, weight, torch.float64)
+    plain = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, agg=agg), hidden, weight, torch.float64)
+    for a, b in zip(fused, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(want[0], plain[0], rtol=1e-3, atol=1e-6), "the variant changes the gradient"

@@ -145,3 +145,77 @@ def test_rejects_bad_shapes():
         policy_loss(logp, old, adv[:, :2], mask, w)
     with pytest.raises(ValueError, match="weights"):
         policy_loss(logp, old, adv, mask, w[:1])
+
+
+# ---------------------------------------------------------------- CISPO and sequence-level ratios
+@pytest.mark.parametrize("weights,kl,tis,per_seq", OPTIONS[::3])
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_cispo_kernel_against_the_float64_reference(weights, kl, tis, per_seq, agg):
+    logp, old, adv, mask, w, ref, tis_lp = make_inputs(3, 37, seed=11, adv_per_seq=per_seq, spread=0.5)
+    kw = {"agg": agg, "loss": "cispo", "clip_high": 0.28}
+    if kl:
+        kw.update(ref_logp=ref, kl_coef=0.1)
+    if tis:
+        kw.update(tis_logp=tis_lp, tis_cap=2.0)
+    compare(logp, old, adv, mask, w if weights else None, 1e-6, 1e-5, **kw)
+
+
+def _agg(tok, mask, agg):
+    m = mask.double()
+    n = m.sum(-1)
+    if agg == "token-mean":
+        return (tok * m).sum() / n.sum()
+    if agg == "seq-mean-token-mean":
+        return ((tok * m).sum(-1)[n > 0] / n[n > 0]).mean()
+    return (tok * m).sum(-1)[n > 0].mean()
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_cispo_is_the_capped_detached_ratio_times_the_log_prob(agg):
+    """Written out from MiniMax-M1's CISPO: loss -sg(min(r, 1 + eps)) A logp, so the gradient of a
+    token is -min(r, 1 + eps) A times its aggregation weight, never 0 for a clipped token."""
+    logp, old, adv, mask, *_ = make_inputs(4, 9, seed=5, spread=0.6)
+    lp = logp.double().requires_grad_(True)
+    got = policy_loss_reference(lp, old.double(), adv.double(), mask, agg=agg, loss="cispo", clip_high=0.2)
+    (grad,) = torch.autograd.grad(got, lp)
+    r = torch.exp(logp.double() - old.double())
+    c = r.clamp(max=1.2)
+    want = _agg(-c * adv.double() * logp.double(), mask, agg)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    lp2 = logp.double().requires_grad_(True)
+    (want_grad,) = torch.autograd.grad(_agg(-c * adv.double() * lp2, mask, agg), lp2)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert ((r > 1.2) & mask & (adv != 0) & (grad != 0)).any(), "a clipped token keeps its gradient"
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_sequence_level_ratio_is_gspos(agg):
+    """Written out from GSPO: each row's ratio exp(mean of its log-ratios), clipped as PPO's, for
+    all its tokens; its gradient reaches every token of the row, not only the token's own."""
+    logp, old, adv, mask, *_ = make_inputs(4, 9, seed=6, adv_per_seq=True, spread=0.3, empty_rows=(2,))
+    lp = logp.double().requires_grad_(True)
+    got = policy_loss_reference(lp, old.double(), adv.double(), mask, agg=agg, ratio_level="sequence")
+    m = mask.double()
+    lp2 = logp.double().requires_grad_(True)
+    seq = ((lp2 - old.double()) * m).sum(-1) / m.sum(-1).clamp_min(1)
+    R = torch.exp(seq)[:, None]
+    a = adv.double()[:, None]
+    want = _agg(-torch.minimum(R * a, R.clamp(0.8, 1.2) * a).expand_as(lp2), mask, agg)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    (g1,) = torch.autograd.grad(got, lp)
+    (g2,) = torch.autograd.grad(want, lp2)
+    torch.testing.assert_close(g1, g2, rtol=1e-12, atol=1e-12)
+    token = policy_loss_reference(logp.double(), old.double(), adv.double(), mask, agg=agg)
+    assert not torch.allclose(got, token), "the sequence ratio is not the token ratio on these rows"
+
+
+def test_sequence_level_ratios_run_in_the_reference_on_every_device():
+    logp, old, adv, mask, *_ = make_inputs(2, 5, seed=1)
+    with pytest.raises(ValueError, match="ratio_level='sequence' runs in the reference"):
+        policy_loss_triton(on(logp), *on(old, adv, mask), ratio_level="sequence")
+    got = policy_loss(logp, old, adv, mask, ratio_level="sequence")
+    torch.testing.assert_close(got, policy_loss_reference(logp, old, adv, mask, ratio_level="sequence"))
+    with pytest.raises(ValueError, match="loss must be one of"):
+        policy_loss(logp, old, adv, mask, loss="ppo")
+    with pytest.raises(ValueError, match="ratio_level must be one of"):
+        policy_loss(logp, old, adv, mask, ratio_level="episode")

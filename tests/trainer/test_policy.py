@@ -92,3 +92,36 @@ def test_replayed_rows_move_as_their_advantages_say(batch, sign, is_weights):
     assert st["grad_norm"] > 0
     change = float((policy.logprobs(tokens, mask) - before)[mask].sum())
     assert sign * change > 0, f"replayed rows, advantage {sign:+}: log-probs moved by {change:+.4f}"
+
+
+def _shift(mask, alternate: bool):
+    """Old log-probs below the current ones by 0.3 on every response token, or by +-0.5 in turn
+    (each row's mean log-ratio then near 0, its tokens' ratios 1.65 and 0.61)."""
+    m = mask.float()
+    if not alternate:
+        return 0.3 * m
+    sign = (torch.cumsum(mask.long(), 1) % 2 * 2 - 1).float()
+    return 0.5 * sign * m
+
+
+@pytest.mark.parametrize("loss,level", [("cispo", "token"), ("clip", "sequence")])
+def test_the_update_takes_the_configured_loss(batch, loss, level):
+    """algo.loss / algo.ratio_level reach the update: on rows the policy has moved away from, CISPO
+    keeps the gradient PPO's clip drops (every token's ratio 1.35 > 1 + clip_high), and GSPO's
+    sequence ratio (near 1 for rows of alternating token ratios) another one than the token ratios;
+    both still raise the log-probs of positive-advantage tokens."""
+    cfg, state, ep = batch
+    shift = _shift(ep.mask, alternate=level == "sequence")
+    out = {}
+    for name, over in (("plain", {}), ("variant", {"algo.loss": loss, "algo.ratio_level": level})):
+        c = config.load("tiny", None, {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0, **over})
+        model, _, _ = load_policy(c, torch.device("cpu"))
+        model.load_state_dict(state)
+        policy = Policy(model, c, torch.device("cpu"))
+        now = policy.logprobs(ep.tokens, ep.mask)
+        st = policy.update(ep.tokens, ep.mask, now - shift, token_adv(ep.mask, torch.ones(len(ep))))
+        out[name] = (st["grad_norm"], float((policy.logprobs(ep.tokens, ep.mask) - now)[ep.mask].sum()))
+    if loss == "cispo":
+        assert out["plain"][0] == 0.0, "every token above 1 + clip_high: PPO's clip leaves no gradient"
+    assert out["variant"][0] > 0 and abs(out["variant"][0] - out["plain"][0]) > 0.01 * out["variant"][0]
+    assert out["variant"][1] > 0, "positive advantages: the update raises the response log-probs"
