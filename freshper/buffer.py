@@ -494,9 +494,12 @@ class ReplayBuffer:
             self._expire_boost(step)
         self._max_priority = max(self._max_priority, float(p.max()))
         self._write(idx, p, step)
-        keep = _last_occurrences(idx)  # a repeated index: the last value wins here too
-        self._own[idx[keep]] = p[keep]
-        self._boosted[idx] = False
+        if self._tree is not None:  # CPU: one compiled loop in order, as _write's
+            _sumtree().set_own_in_order(self._own.numpy(), self._boosted.numpy(), idx.numpy(), p.numpy())
+        else:
+            keep = _last_occurrences(idx)  # a repeated index: the last value wins here too
+            self._own[idx[keep]] = p[keep]
+            self._boosted[idx] = False
         if step is not None:
             self._step = step
 

@@ -117,6 +117,15 @@ def write_slots(log_base, birth, live, keys, sums, mins, size, slots, prio, eps,
 
 
 @numba.njit(cache=True, nogil=True)
+def set_own_in_order(own, boosted, slots, prio):
+    """own[slots[j]] = prio[j] in order (a repeated slot keeps its last value) and the slots'
+    boost ended: update_priorities' bookkeeping of the insertion rules, without a torch.unique."""
+    for j in range(slots.shape[0]):
+        own[slots[j]] = prio[j]
+        boosted[slots[j]] = False
+
+
+@numba.njit(cache=True, nogil=True)
 def sample_slots(sums, mins, size, keys, uniforms, beta, idx, probs, weights):
     """Stratified draws: target j is (j + u_j) / B of the total. Fills idx, probs (P(i)) and
     weights exp(-beta (k_i - min k)) = (P(i) / min P)^-beta."""
