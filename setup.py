@@ -59,6 +59,7 @@ setup(
                 "wandb>=0.17", "faiss-cpu>=1.8",
                 # the docs site, built in strict mode by the tests
                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],
+        "bench": ["liger-kernel>=0.8", "cpprb>=10.7"],  # the peers of profiling/bench_liger.py, bench_replay.py
         "dense": ["faiss-cpu>=1.8"],  # env.retriever e5:DIR (the dense retriever's index)
         "flash": ["flash-attn>=2.6"],
         "vllm": ["vllm>=0.18"],  # engines/vllm_engine.py MIN_VLLM: in-place reload_weights(weights_iterator=)
