@@ -58,6 +58,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from freshper import ReplayBuffer
 
+# TRL loss types that divide their token sum by num_items_in_batch, the tokens of the whole batch
+# over every process (the others divide by their own rows or tokens)
+TOKEN_SUMMED = ("dapo", "cispo", "vespo")
 _BUFFER_FILE = "freshper_buffer.safetensors"  # one process; rank r of several: freshper_buffer_rank{r}.safetensors
 
 
@@ -329,13 +332,13 @@ class FreshPERGRPOTrainer(GRPOTrainer):
     def _locally_normalised(self) -> bool:
         """Whether loss_type divides by this process's own rows or tokens (so several processes
         need their shares weighted), not by `num_items_in_batch` over all of them."""
-        return self.args.loss_type not in ("dapo", "cispo", "vespo")
+        return self.args.loss_type not in TOKEN_SUMMED
 
     def replay_share(self, mask: torch.Tensor) -> torch.Tensor:
         """What `loss_type` divides a micro-batch's summed token losses by, for the rows of `mask`
         (B, T): tokens (bnpo), rows (grpo, sapo, luspo; dr_grpo times max_completion_length),
         tokens for the token-summed losses. A 0-d float tensor."""
-        if self.args.loss_type in ("bnpo", "dapo", "cispo", "vespo"):
+        if self.args.loss_type == "bnpo" or self.args.loss_type in TOKEN_SUMMED:
             return mask.sum().float()
         return torch.tensor(float(mask.size(0)), device=mask.device)
 
