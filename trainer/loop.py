@@ -371,8 +371,8 @@ class Trainer:
             self.engine.wake()
             ep = self.pending if lag else self._rollout(it)
             self.pending = None
-            steps = int(self.dist.sum(torch.tensor([ep.env_steps])))
-            last = self._finished(it + 1, self.env_steps + steps)
+            env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
+            last = self._finished(it + 1, self.env_steps + env_steps)
             if r.lag and not last:  # the next batch, with the weights this update starts from
                 self.pending = self._rollout(it + 1)
             self.engine.sleep()
@@ -408,7 +408,6 @@ class Trainer:
 
         with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
-        env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
         if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
                 ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
