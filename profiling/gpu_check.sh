@@ -10,7 +10,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # Seconds per step. Every step, the preamble included, runs under `timeout -k $GRACE`.
 declare -A BUDGETS=([preamble]=30 [wheels]=25 [install]=40 [kernel-tests]=140 [bench_kernels]=90
-                    [bench_replay]=40 [train-smoke]=70)
+                    [bench_replay]=40 [train-smoke]=70 [vlm-smoke]=60)
+# Steps run only if their budget still fits the 480 s worst case when they are reached.
+IF_TIME="vlm-smoke"
 GRACE=5
 WHEELS="gymnasium==1.4.0 farama-notifications==0.0.4"
 if [ "${1:-}" = "--fetch-wheels" ]; then
@@ -64,6 +66,7 @@ print_summary() {
   grep -h -E "^\| [0-9]+x[0-9]+" "$out/bench_kernels.txt" 2>/dev/null
   grep -h -E "^\| 1e\+0[4-6]" "$out/bench_replay.txt" 2>/dev/null
   tail -n 3 "$out/train.txt" 2>/dev/null
+  tail -n 2 "$out/vlm.txt" 2>/dev/null
 }
 trap print_summary EXIT
 
@@ -98,13 +101,25 @@ step bench_kernels bench_kernels.txt python3 -m freshper.profiling.bench_kernels
 
 step bench_replay bench_replay.txt python3 -m freshper.profiling.bench_replay --steps 100
 
-# What the preamble found decides the smoke run (no untimed imports here).
-if grep -q "^gymnasium: not installed" "$out/env.txt" && ! ls .whl/gymnasium-*.whl >/dev/null 2>&1; then
+# What the preamble found decides the smoke runs (no untimed imports here).
+no_gym=0
+grep -q "^gymnasium: not installed" "$out/env.txt" && ! ls .whl/gymnasium-*.whl >/dev/null 2>&1 && no_gym=1
+engine=vllm
+grep -q "^vllm " "$out/env.txt" || engine=hf
+if [ $no_gym = 1 ]; then
   skip train-smoke "gymnasium missing: the wheels were not carried (--fetch-wheels, then carry .whl)"
 else
-  engine=vllm
-  grep -q "^vllm " "$out/env.txt" || { engine=hf; echo "vllm is not installed here: smoke run with the hf engine"; }
+  [ $engine = hf ] && echo "vllm is not installed here: smoke run with the hf engine"
   step train-smoke train.txt python3 -m freshper.trainer.cli train --preset gpu-smoke --rollout.engine $engine \
     --train.run_dir "$out/runs"
+fi
+
+# The vision path through vLLM (tiny Qwen2-VL, FrozenLake-VLM), if the steps above left it room.
+if [ $no_gym = 1 ] || [ $engine != vllm ]; then
+  skip vlm-smoke "needs gymnasium and vllm"
+elif (( $(date +%s) - t_start + ${BUDGETS[vlm-smoke]} + GRACE > 480 )); then
+  skip vlm-smoke "its budget no longer fits the 480 s worst case"
+else
+  step vlm-smoke vlm.txt python3 -m freshper.trainer.cli train --preset gpu-smoke-vlm --train.run_dir "$out/runs-vlm"
 fi
 exit 0

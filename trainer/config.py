@@ -478,14 +478,12 @@ PRESETS: dict[str, dict] = {
     # (the model of the authors' vision-language agentic example) and the board at 64 pixels a cell
     # (gymnasium's rgb_array size). GeoQA: the authors' VL math example (examples/qwen2.5-vl-7B-math):
     # Qwen2.5-VL-7B-Instruct, 512 x 8 replies of up to 4,096 tokens, lr 1e-6, GRPO without whitening,
-    # advantage clip 10, KL loss 0.01; env.data must name the local GeoQA parquet. Generation is
-    # transformers' (vLLM multimodal generation is not built yet).
+    # advantage clip 10, KL loss 0.01; env.data must name the local GeoQA parquet. Both generate
+    # with colocated vLLM (images as multimodal inputs), as the text presets do.
     "qwen2.5-vl-3b-frozenlake-vlm": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-3B-Instruct",
-                                     "env.name": "frozenlake-vlm", "env.image_pixels": 256, "algo.tau": 1000.0,
-                                     "rollout.engine": "hf"},
+                                     "env.name": "frozenlake-vlm", "env.image_pixels": 256, "algo.tau": 1000.0},
     "qwen2.5-vl-7b-geoqa": {**_PAPER_GPU, "model.path": "Qwen/Qwen2.5-VL-7B-Instruct", "env.name": "geoqa",
-                            "rollout.lag": 0,
-                            "rollout.engine": "hf", "rollout.episodes": 4096,
+                            "rollout.lag": 0, "rollout.episodes": 4096,
                             "rollout.group_size": 8, "rollout.max_new_tokens": 4096, "rollout.max_len": 5120,
                             "algo.advantage": "grpo", "algo.whiten": False, "algo.adv_clip": 10.0,
                             "algo.kl_coef": 0.01, "algo.replay_batch": 4096, "algo.micro_batch": 2,
@@ -493,6 +491,10 @@ PRESETS: dict[str, dict] = {
     # The GPU preset in short form: a few iterations with the tiny model, vLLM and bf16.
     "gpu-smoke": {"rollout.engine": "vllm", "train.iterations": 3, "train.device": "cuda", "eval.every": 3,
                   "train.sft_steps": 20, "train.checkpoint_every": 3, "train.progress": False},
+    # The same for the vision path: the tiny Qwen2-VL on FrozenLake-VLM, images through vLLM.
+    "gpu-smoke-vlm": {"env.name": "frozenlake-vlm", "env.image_pixels": 112, "rollout.max_len": 1024,
+                      "rollout.engine": "vllm", "train.iterations": 2, "train.device": "cuda", "eval.every": 2,
+                      "train.checkpoint_every": 2, "train.progress": False},
 }
 
 # What a preset cannot default (local data): load() names the missing options.
@@ -748,9 +750,6 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
                          f"env.name={cfg.env.name!r}")
     check_env_options(cfg.env)
-    if cfg.rollout.engine == "vllm" and cfg.env.name in VISION_ENVS:
-        raise ValueError(f"env.name={cfg.env.name!r} with rollout.engine=vllm: multimodal generation through vLLM is "
-                         "not built yet; use rollout.engine=hf")
     if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")

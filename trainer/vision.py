@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from freshper.images import from_png
+from freshper.images import from_png, to_png
 
 VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # An image in a message's text, as Qwen2-VL's chat template renders one: a single <|image_pad|>
@@ -46,6 +46,8 @@ class VisionInputs:
     pixel_values: torch.Tensor  # (patches, C * temporal * patch * patch) float32
     image_grid_thw: torch.Tensor  # (images, 3) int64
     image_token_id: int
+    pngs: tuple = ()  # the images as PNG bytes, in placeholder order (what an engine that processes
+    # images itself, vLLM, is given)
 
     def mm_token_type_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return (ids == self.image_token_id).int()
@@ -72,7 +74,31 @@ def expand(tokenizer, processor, text_parts: list[str], images: list) -> VisionI
     else:
         pixels, grids, counts = torch.zeros(0, 3 * 2 * 14 * 14), torch.zeros(0, 3, dtype=torch.long), []
     ids = expand_ids(tokenizer(IMAGE.join(text_parts), add_special_tokens=False)["input_ids"], pad, counts)
-    return VisionInputs(ids, pixels, grids, pad)
+    return VisionInputs(ids, pixels, grids, pad, tuple(to_png(im) for im in images))
+
+
+def collapse_pads(ids: list[int], pad: int) -> list[int]:
+    """The inverse of expand_ids: each run of `pad` tokens as one (the form vLLM's Qwen2-VL
+    processor expands itself; given expanded runs it would expand each pad again)."""
+    return [t for i, t in enumerate(ids) if t != pad or i == 0 or ids[i - 1] != pad]
+
+
+def resized(processor, image):
+    """`image` (PIL) resized as `processor` resizes it (Qwen2-VL's smart resize to multiples of
+    patch x merge pixels within its pixel limits, with its resampling filter) by PIL. An engine
+    that processes images with another implementation (vLLM: transformers' torchvision processor,
+    whose resize differs from PIL's by up to 0.015 in normalised pixel values) then receives a
+    picture it need not resize, and its pixels equal the trainer's (to 2e-7)."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    limits = getattr(processor, "size", None)
+    lo = getattr(processor, "min_pixels", None) or limits.shortest_edge
+    hi = getattr(processor, "max_pixels", None) or limits.longest_edge
+    h, w = smart_resize(image.height, image.width, factor=processor.patch_size * processor.merge_size,
+                        min_pixels=lo, max_pixels=hi)
+    image = image.convert("RGB")
+    return image if (w, h) == image.size else image.resize((w, h), resample=Image.Resampling(processor.resample))
 
 
 def process(processor, images: list) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

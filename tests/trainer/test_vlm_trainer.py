@@ -118,11 +118,9 @@ def test_sokoban_vlm_shows_the_level_as_a_picture(tmp_path):
     assert rows[0]["image_bytes"] > 0 and rows[0]["engine_trainer_logp_maxdiff"] < 1e-4
 
 
-def test_vision_envs_need_a_vlm_and_the_hf_engine(tmp_path):
+def test_vision_envs_need_a_vlm(tmp_path):
     from freshper.trainer.engines import Sampling
     from freshper.trainer.rollout import rollout
 
-    with pytest.raises(ValueError, match="multimodal generation through vLLM is not built yet"):
-        vlm(**{"rollout.engine": "vllm"})
     with pytest.raises(ValueError, match="needs a vision-language model"):
         rollout(None, None, "frozenlake-vlm", {}, [0], 1, 8, 512, Sampling())

@@ -17,6 +17,14 @@
   a resumed run draws the same responses.
 - Log-probs are those of the sampling distribution (`logprobs_mode="processed_logprobs"`), the
   behaviour policy the replay update's ratio needs.
+- Vision-language models (Qwen2-VL, Qwen2.5-VL): each prompt goes with its episode's images (one
+  per turn in the games), decoded from the PNG bytes the episode keeps, as vLLM multimodal data.
+  The token prompt holds one <|image_pad|> per image, which vLLM's processor expands to one per
+  merged patch: the very ids the trainer's episode holds (a prompt already expanded would be
+  expanded again). Each image is first resized by PIL as the trainer's processor resizes it, so
+  vLLM's (torchvision) processor sees the trainer's pixels. Replies never hold vision special
+  tokens (a bias of -100 on each; the trainer's softmax leaves them out), and a weight sync
+  resets the encoder cache with the prefix cache.
 - Under torchrun each rank runs its own engine (tensor parallel 1) through vLLM's external-launcher
   backend, and the weight sync gathers the FSDP shards one tensor at a time as vLLM loads them.
 """
@@ -30,7 +38,7 @@ import time
 
 import torch
 
-from ..model import pick_dtype, stop_token_ids
+from ..model import is_vision_env, pick_dtype, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 
 log = logging.getLogger("freshper")
@@ -78,6 +86,12 @@ def _import_vllm():
     return vllm
 
 
+def max_images(cfg) -> int:
+    """The most images one prompt of cfg's task shows: a game's board at its opening and after
+    every turn but the last, one picture per GeoQA question."""
+    return 1 if cfg.env.name == "geoqa" else cfg.env.max_turns
+
+
 @contextlib.contextmanager
 def _llvmlite_hidden_from_vllm_scan():
     """vLLM 0.32 (CPU) rebinds Triton kernels at start-up by scanning every module namespace and
@@ -99,7 +113,9 @@ def _retie_lm_head(model) -> None:
     """vLLM's layerwise reload skips the LM head of a tied model (its loader skips 'lm_head.*')
     and puts the head's old kernel tensors back: the head keeps computing with the weights of
     the first load. Tie it to the new embedding again and let the quant method redo its
-    post-load step (on CPU that repacks the oneDNN GEMM; on CUDA it does nothing)."""
+    post-load step (on CPU that repacks the oneDNN GEMM; on CUDA it does nothing). A
+    vision-language model holds its text model as `language_model`."""
+    model = getattr(model, "language_model", model)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     head = getattr(model, "lm_head", None)
     if embed is None or head is None:
@@ -129,6 +145,15 @@ class VLLMEngine(Engine):
         kwargs = dict(model=path, tokenizer=path, dtype=str(pick_dtype(cfg, device)).removeprefix("torch."),
                       max_model_len=cfg.rollout.max_len, seed=cfg.train.seed, enable_prefix_caching=True,
                       logprobs_mode="processed_logprobs")
+        self.bias: dict[int, float] = {}
+        if is_vision_env(cfg):
+            from ..vision import image_processor, suppressed_ids
+
+            # an image per turn of a game (its opening and each feedback), one for a GeoQA question
+            kwargs["limit_mm_per_prompt"] = {"image": max_images(cfg), "video": 0}
+            self.image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+            self.processor = image_processor(path)
+            self.bias = {i: -100.0 for i in suppressed_ids(tokenizer)}
         if self.cuda:
             kwargs.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                           enable_sleep_mode=cfg.rollout.vllm_sleep)
@@ -149,7 +174,9 @@ class VLLMEngine(Engine):
         self.sync_weights(model)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 stop: tuple[str, ...] = ()) -> Generation:
+                 stop: tuple[str, ...] = (), images: list | None = None) -> Generation:
+        """`images`: for a VLM, one trainer.vision.VisionInputs per prompt (its `pngs` are the
+        images of the prompt's placeholders, in order)."""
         if not prompts:
             return Generation([], [])
         from vllm import SamplingParams
@@ -161,8 +188,21 @@ class VLLMEngine(Engine):
                                  sampling.top_k > 0 and not g else 0, top_p=1.0 if g else sampling.top_p,
                                  max_tokens=max_new_tokens, logprobs=0, stop_token_ids=self.stops, seed=s,
                                  skip_special_tokens=False, detokenize=bool(stop), stop=list(stop) or None,
-                                 include_stop_str_in_output=True) for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+                                 include_stop_str_in_output=True, logit_bias=self.bias or None) for s in seeds]
+        if images:
+            from freshper.images import from_png
+
+            from ..vision import collapse_pads, resized
+
+            if len(images) != len(prompts):
+                raise ValueError(f"images: one VisionInputs per prompt, got {len(images)} for {len(prompts)} prompts")
+            requests = [TokensPrompt(prompt_token_ids=collapse_pads(p, self.image_pad),
+                                     multi_modal_data={"image": [resized(self.processor, from_png(b)) for b in v.pngs]})
+                        if v.pngs
+                        else TokensPrompt(prompt_token_ids=p) for p, v in zip(prompts, images)]
+        else:
+            requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outs = self.llm.generate(requests, params, use_tqdm=False)
         token_ids, logprobs = [], []
         for o in outs:
             c = o.outputs[0]
