@@ -10,7 +10,8 @@ cannot load, the two schemas are defined (no kernels) and the import goes on;
 `torchvision.extension._has_ops()` stays False. Where the ops load (a matching build), nothing
 is changed.
 
-tests/run.sh puts this folder on PYTHONPATH, so every Python process the tests start runs it.
+tests/run.sh puts this folder on PYTHONPATH (with .torchvision, where it installs torchvision
+outside the venv), so every Python process the tests start runs it.
 """
 import importlib.abc
 import importlib.util
