@@ -172,3 +172,33 @@ def test_vllm_is_given_pictures_it_processes_to_the_trainers_pixels(tmp_path_fac
     raw = theirs(images=[im], return_tensors="pt")["pixel_values"]
     if resized(ours, im).size != im.size:
         assert float((raw - want["pixel_values"]).abs().max()) > 1e-3
+
+
+def test_a_batch_over_the_step_budgets_generates(trainer):
+    """More prompt tokens and image tokens than vLLM schedules in one step (its token budget and
+    its encoder-cache budget), every prompt and picture distinct: with chunked prefill (vLLM's
+    default) a seeded request prefilled in pieces failed on CPU ("CPU Generator does not use
+    offset"; seen in a FrozenLake-VLM run's second iteration); the engine turns chunking off
+    there. Prompts are one episode's first turn, each with its own first token and picture."""
+    from PIL import Image
+
+    from freshper.images import from_png, to_png
+    from freshper.trainer.vision import VisionInputs
+
+    sched = trainer.engine.llm.llm_engine.vllm_config.scheduler_config
+    ep = play(trainer, seeds=(21,), group=1)
+    first = int(ep.mask[0].nonzero()[0])
+    ids = list(map(int, ep.tokens[0, :first]))
+    pad = trainer.tok.convert_tokens_to_ids("<|image_pad|>")
+    per_image = ids.count(pad)
+    n = max(sched.max_num_batched_tokens // first, 4096 // per_image) + 4
+    words = trainer.tok(" ".join(f"w{i}" for i in range(n)), add_special_tokens=False)["input_ids"]
+    base = from_png(ep.pngs[0][0])
+    vis = []
+    for i in range(n):
+        im = base.copy()
+        im.putpixel((i % im.width, (i // im.width) % im.height), (i % 256, 255 - i % 256, 7))
+        vis.append(VisionInputs([words[i % len(words)], *ids], torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long),
+                                pad, (to_png(im),)))
+    out = trainer.engine.generate([v.input_ids for v in vis], 4, FULL, images=vis)
+    assert len(out.token_ids) == n and all(len(t) >= 1 for t in out.token_ids)

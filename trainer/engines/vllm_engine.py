@@ -154,6 +154,12 @@ class VLLMEngine(Engine):
             self.image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
             self.processor = image_processor(path)
             self.bias = {i: -100.0 for i in suppressed_ids(tokenizer)}
+        if not self.cuda:
+            # vLLM 0.32 on CPU: a seeded request whose prompt is prefilled in chunks (a batch of
+            # prompts over the step's token budget: long multi-turn episodes) rewinds its
+            # generator's offset, which a CPU generator lacks ("CPU Generator does not use
+            # offset"). Whole prompts only.
+            kwargs.update(enable_chunked_prefill=False)
         if self.cuda:
             kwargs.update(gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                           enable_sleep_mode=cfg.rollout.vllm_sleep)
