@@ -180,7 +180,6 @@ def test_a_batch_over_the_step_budgets_generates(trainer):
     default) a seeded request prefilled in pieces failed on CPU ("CPU Generator does not use
     offset"; seen in a FrozenLake-VLM run's second iteration); the engine turns chunking off
     there. Prompts are one episode's first turn, each with its own first token and picture."""
-    from PIL import Image
 
     from freshper.images import from_png, to_png
     from freshper.trainer.vision import VisionInputs
