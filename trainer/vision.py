@@ -90,7 +90,7 @@ def resized(processor, image):
     whose resize differs from PIL's by up to 0.015 in normalised pixel values) then receives a
     picture it need not resize, and its pixels equal the trainer's (to 2e-7)."""
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision
 
     limits = getattr(processor, "size", None)
     lo = getattr(processor, "min_pixels", None) or limits.shortest_edge

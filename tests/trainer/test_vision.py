@@ -182,3 +182,17 @@ def test_replayed_images_give_the_same_model_inputs(vl):
     for e, px, g in zip(eps, back.pixels, back.grids):
         v = e.vision_inputs()
         assert torch.equal(v.pixel_values, px) and torch.equal(v.image_grid_thw, g)
+
+
+def test_collapse_pads_undoes_expand_ids():
+    """vLLM is given one pad per image and expands it itself: collapse_pads must give back the
+    unexpanded ids exactly, images side by side included (each has its own start/end tokens)."""
+    from freshper.trainer.vision import collapse_pads, expand_ids
+
+    pad, start, end = 9, 7, 8
+    ids = [1, start, pad, end, 2, 3, start, pad, end, start, pad, end, 4]
+    expanded = expand_ids(ids, pad, [4, 1, 16])
+    assert len(expanded) == len(ids) + 3 + 0 + 15
+    assert collapse_pads(expanded, pad) == ids
+    assert collapse_pads(expand_ids(ids, pad, [2, 2, 2]), pad) == ids
+    assert collapse_pads([pad, pad, 1, pad], pad) == [pad, 1, pad]
