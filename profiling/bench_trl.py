@@ -59,7 +59,6 @@ def _dataset(n: int):
     env = make_env("math", **env_kwargs(cfg))
     rows = []
     for seed in range(n):
-        env.reset(seed)
         rows.append({"prompt": env.opening(env.reset(seed), cfg.rollout.max_new_tokens), "answer": env.answer})
     return Dataset.from_list(rows), cfg
 

@@ -17,6 +17,7 @@ import importlib.abc
 import importlib.util
 import sys
 
+_LIB = None  # the torch.library.Library holding the schemas, once defined
 _SCHEMAS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
             "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
@@ -40,10 +41,10 @@ def _define_missing_schemas(spec) -> None:
             return
     except (OSError, RuntimeError):
         pass
-    lib = torch.library.Library("torchvision", "DEF")
+    global _LIB
+    _LIB = torch.library.Library("torchvision", "DEF")  # the definitions live as long as this object
     for schema in _SCHEMAS:
-        lib.define(schema)
-    sys.modules[__name__]._torchvision_lib = lib  # the definitions live as long as this object
+        _LIB.define(schema)
 
 
 class _FirstTorchvisionImport(importlib.abc.MetaPathFinder):

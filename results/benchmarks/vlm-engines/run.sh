@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Seconds per iteration, hf against vllm generation, on the VLM CPU presets (one torch thread,
-# iterations 2-4 of 4: the first holds vLLM's start and compile). From the repo root, the venv
+# means over iterations 1-3 of 0-3: iteration 0 holds vLLM's start and compile). From the repo root, the venv
 # active, PYTHONPATH=tests/shims (vLLM's Qwen2-VL imports torchvision); output in this folder.
 set -euo pipefail
 here=results/benchmarks/vlm-engines
