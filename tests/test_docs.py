@@ -14,6 +14,7 @@ import pytest
 from freshper.trainer import compare
 from freshper.trainer import config as C
 from freshper.trainer.cli import DEFAULT_PRESET
+from freshper.trainer.flags import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -89,7 +90,7 @@ def check_command(argv: list[str]) -> None:
         if any(a not in compare.ARMS for a in arms):
             raise ValueError(f"unknown arm in {arms}")
         preset = compare.ENV_PRESETS[preset][0]
-    C.load(preset or DEFAULT_PRESET, None, C.parse_overrides(rest))
+    C.load(preset or DEFAULT_PRESET, None, parse_overrides(rest))
 
 
 PATHS = ("--env.data", "--env.eval_data", "--env.corpus")  # the user's files: stand-ins are made for them

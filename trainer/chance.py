@@ -54,6 +54,7 @@ def chance(cfg, episodes: int, split: str = "train") -> dict:
 
 def main(argv) -> int:
     from . import config as C
+    from .flags import parse_overrides
 
     p = argparse.ArgumentParser(prog="freshper chance", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="frozenlake", help=f"one of {list(C.PRESETS)}")
@@ -61,7 +62,7 @@ def main(argv) -> int:
     p.add_argument("--split", default="train", help=f"one of {SPLITS}")
     args, rest = p.parse_known_args(argv)
     try:
-        cfg = C.load(args.preset, None, C.parse_overrides(rest))
+        cfg = C.load(args.preset, None, parse_overrides(rest))
         out = chance(cfg, args.episodes, args.split)
     except ValueError as e:
         p.error(str(e))

@@ -12,29 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 from . import config as C
-
-
-def _fields_help(preset: str, width: int = 100) -> str:
-    """Every field with the value `freshper train --preset PRESET` runs with (the dataclass
-    default where the preset leaves it), wrapped to `width` columns (names never split)."""
-    import textwrap
-
-    wrap = textwrap.TextWrapper(width=width, subsequent_indent=" " * 6, break_on_hyphens=False,
-                                break_long_words=False)
-    lines = wrap.wrap(f"config fields (--section.field VALUE; a unique field name may drop its section); defaults "
-                      f"as --preset {preset} sets them:")
-    values = C.flatten(C.apply(C.Config(), C.PRESETS[preset]).to_dict()) if preset in C.PRESETS else {}
-    for key, (typ, default, help_) in C.field_table().items():
-        allowed = C.choices().get(key)
-        choices = f" {{{', '.join(allowed)}}}" if allowed else ""
-        lines += wrap.wrap(f"  --{key} ({typ.__name__}, default {values.get(key, default)!r}{choices})")
-        lines += wrap.wrap(" " * 6 + help_)
-    lines += wrap.wrap(f"presets: {', '.join(C.PRESETS)}")
-    return "\n".join(lines)
+from .flags import WIDTH, Formatter, add_config_flags, config_overrides, parse_overrides, presets_epilog
 
 
 class logging_to:
@@ -116,11 +100,12 @@ class RunLock:
         self.fh.close()
 
 
-def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path, bool]:
-    """(config, run dir, resume?) from the parsed train/profile arguments; every check that can
-    fail is made here, before anything is built or written (the occupied-folder check only if
-    `check_folder`: under torchrun rank 0 makes it, holding the folder's lock)."""
-    overrides = C.parse_overrides(rest)
+def build_config(p, args, rest, check_folder: bool = True) -> tuple[C.Config, Path, bool]:
+    """(config, run dir, resume?) from train/profile's parser `p` and what its parse_known_args
+    returned; every check that can fail is made here, before anything is built or written (the
+    occupied-folder check only if `check_folder`: under torchrun rank 0 makes it, holding the
+    folder's lock)."""
+    overrides = config_overrides(p, args, rest)
     if args.resume:
         run_dir = Path(args.resume)
         if args.preset is not None or args.config is not None:
@@ -165,15 +150,27 @@ def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool, dist=None):
 DEFAULT_PRESET = "smollm2-135m-math"
 
 
-def _train_parser(prog: str, argv=()) -> argparse.ArgumentParser:
-    pre = argparse.ArgumentParser(add_help=False)
+def _usage(prog: str, args: str) -> str:
+    """`prog args` wrapped to the help's width after "usage: ", never inside a [bracket]."""
+    glued = re.sub(r"\[[^]]*\]", lambda m: m[0].replace(" ", "\0"), f"{prog} {args}")
+    return textwrap.fill(glued, WIDTH - len("usage: "), subsequent_indent=" " * (len(prog) + 1)).replace("\0", " ")
+
+
+def _train_parser(prog: str, argv=(), own=None, usage: str = "") -> argparse.ArgumentParser:
+    """train/profile's parser: --preset/--config/--resume, `own(p)` adds the command's flags, then
+    one flag per config field, its help showing the value the chosen preset sets."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", default=DEFAULT_PRESET)
     preset = pre.parse_known_args(list(argv))[0].preset
-    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=_fields_help(preset))
+    p = argparse.ArgumentParser(prog=prog, formatter_class=Formatter, allow_abbrev=False, epilog=presets_epilog(),
+                                usage=_usage(prog, f"{usage}[--preset NAME] [--config YAML] [--resume RUN_DIR] "
+                                                   f"[--section.field VALUE ...]"))
     p.add_argument("--preset", help=f"default {DEFAULT_PRESET}; every preset is listed at the end")
     p.add_argument("--config", help="a YAML file of {section: {field: value}}")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    if own is not None:
+        own(p)
+    add_config_flags(p, preset if preset in C.PRESETS else DEFAULT_PRESET)
     return p
 
 
@@ -198,7 +195,7 @@ def cmd_train(argv) -> int:
     args, rest = p.parse_known_args(argv)
     world = D.from_env().world
     try:
-        cfg, run_dir, resume = build_config(args, rest, check_folder=False)
+        cfg, run_dir, resume = build_config(p, args, rest, check_folder=False)
         check_world(cfg, world)
     except ValueError as e:
         p.error(str(e))
@@ -263,15 +260,17 @@ def cmd_profile(argv) -> int:
 
     from freshper.profiling import nsight
 
-    p = _train_parser("freshper profile", argv)
-    p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
+    def own(p):
+        p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
+        p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
+
+    p = _train_parser("freshper profile", argv, own, usage="--iterations S:E ")
     args, rest = p.parse_known_args(argv)
     if why := one_process_refusal("freshper profile"):
         p.error(why)
     try:
         first, last = nsight.parse_window(args.iterations)
-        cfg, run_dir, resume = build_config(args, rest)
+        cfg, run_dir, resume = build_config(p, args, rest)
     except ValueError as e:
         p.error(str(e))
     if last >= cfg.train.iterations:
@@ -361,7 +360,7 @@ def cmd_eval(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             model = export(target, Path(tmp) / "model", args.iteration) if is_run else target
-            over = C.parse_overrides(rest)
+            over = parse_overrides(rest)
             over.update({"model.path": str(model), "algo.mode": "on-policy", "train.sft_steps": 0,
                          "train.progress": False, "train.run_dir": tmp, "train.name": "eval", "train.log_to": ""})
             if args.episodes:

@@ -114,9 +114,10 @@ def main(argv) -> int:
     if args.seeds < 1 or args.parallel < 1:
         p.error("--seeds and --parallel must be >= 1")
     from . import config as C
+    from .flags import parse_overrides
 
     try:  # fail on a bad pass-through override now, not in every child
-        C.load(ENV_PRESETS[args.env][0], None, C.parse_overrides(extra))
+        C.load(ENV_PRESETS[args.env][0], None, parse_overrides(extra))
     except ValueError as e:
         p.error(str(e))
     budget = args.budget or ENV_PRESETS[args.env][1]

@@ -1,4 +1,5 @@
-"""Run configuration: dataclasses with one line of help per field, presets, YAML, overrides.
+"""Run configuration: dataclasses with one line of help per field, presets, YAML, overrides
+(the command-line flags are generated from these declarations in flags.py).
 
 Every field can be set from the command line as `--section.field value`; a field name that is
 unique across sections may drop the section (`--engine vllm` means `--rollout.engine vllm`).
@@ -564,7 +565,7 @@ def resolve_key(key: str, table: dict | None = None) -> str:
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
-def _convert(key: str, typ, value, strict: bool = False):
+def convert(key: str, typ, value, strict: bool = False):
     """`value` as the field's type. Command-line values are text and are parsed; YAML values
     (`strict`) already have a type, which must be the field's: `iterations: "3"` is an error."""
     if isinstance(value, str) and not (strict and typ is not str):
@@ -591,38 +592,11 @@ def apply(cfg: Config, overrides: dict, strict: bool = False) -> Config:
     resolved = {resolve_key(k, table): v for k, v in overrides.items()}
     for key, value in resolved.items():
         typ = table[key][0]
-        value = _convert(key, typ, value, strict)
+        value = convert(key, typ, value, strict)
         check_field(key, value)
         sec, name = key.split(".", 1)
         setattr(getattr(cfg, sec), name, value)
     return cfg
-
-
-def parse_overrides(rest: list[str]) -> dict:
-    """['--algo.mode', 'per', '--tau=500'] -> {'algo.mode': 'per', 'tau': '500'}. Each key must be a
-    config field (checked before its value, so a mistyped flag is named as such), given once."""
-    out, i = {}, 0
-    table = field_table()
-    while i < len(rest):
-        arg = rest[i]
-        if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}; overrides look like --section.field value")
-        key = arg[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        else:
-            value = None
-        full = resolve_key(key, table)  # before the value: a mistyped flag is named as such
-        if value is None:
-            if i + 1 >= len(rest):
-                raise ValueError(f"--{key} needs a value")
-            value = rest[i + 1]
-            i += 2
-        if full in {resolve_key(k, table) for k in out}:
-            raise ValueError(f"--{full} is given twice; give it once")
-        out[key] = value
-    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

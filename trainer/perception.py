@@ -158,6 +158,7 @@ def main(argv=None) -> int:
 
     from . import config as C
     from .envs import make_env
+    from .flags import parse_overrides
     from .model import env_kwargs, load_policy
 
     p = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--probes", type=int, default=200, help="held-out questions asked")
     args, rest = p.parse_known_args(argv)
     torch.set_num_threads(1)
-    cfg = C.load(args.preset, None, C.parse_overrides(rest))
+    cfg = C.load(args.preset, None, parse_overrides(rest))
     model, tok, path = load_policy(cfg, torch.device("cpu"))
     mk = lambda: make_env(cfg.env.name, **env_kwargs(cfg))  # noqa: E731
     for label in ("before", "after"):

@@ -96,7 +96,7 @@ def test_cli_train_and_resume(tmp_path, capsys):
     (["--algo.mode", "sometimes"], "algo.mode must be one of"),
     (["--algo.tau", "abc"], "algo.tau must be a number"),
     (["--rollout.episodes", "5"], "multiple of rollout.group_size"),
-    (["--tau"], "needs a value"),
+    (["--tau"], "expected one argument"),
     (["--resume", "/nonexistent"], "no config.yaml"),
 ])
 def test_cli_errors_list_valid_choices(argv, msg, capsys):
