@@ -138,9 +138,10 @@ def main(argv) -> int:
     def work(j):
         if "--resume" not in j["cmd"] and j["run"].exists():
             shutil.rmtree(j["run"])  # died before its first checkpoint: start it again from scratch
+        started = time.time()
         rc = _run_one(j["cmd"], out / f"{j['run'].name}.log")
-        if rc == 0:
-            (j["run"] / "DONE").write_text(f"{time.time() - t0:.0f} s\n")
+        if rc == 0:  # DONE holds this process's wall time (a resumed run's last part only)
+            (j["run"] / "DONE").write_text(f"{time.time() - started:.0f} s\n")
             if not args.keep_weights:
                 for sub in ("checkpoints", "final"):
                     shutil.rmtree(j["run"] / sub, ignore_errors=True)
