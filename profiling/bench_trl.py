@@ -3,11 +3,16 @@ generation and the rest, generated tokens per second of generation, peak memory.
 
 The job (preset smollm2-135m-math): SmolLM2-135M-Instruct, one-digit addition, 32 replies per
 iteration (4 prompts x 8), replies of up to 32 tokens at temperature 1, one AdamW step per
-iteration at lr 1e-5 (constant), float32, HF generation on both sides. Replay off: our on-policy
+iteration at lr 1e-5 (constant), float32, HF generation on both sides (`--engine vllm`: vLLM
+colocated in the process on both sides). Replay off: our on-policy
 arm against GRPOTrainer; replay on: our FreshPER arm (K = 1, 32 replayed trajectories) against
-FreshPERGRPOTrainer (replay_updates 1, replay_batch_size 32). Each (side, replay, threads) runs
+FreshPERGRPOTrainer (replay_updates 1, replay_batch_size 32). Activation (gradient)
+checkpointing is set alike on both sides (`--checkpointing`; off by default, as in our preset:
+GRPOConfig turns it on unless told, trading a second forward for memory). Each (side, replay,
+threads) runs
 in its own process (peak RSS is per process), sides alternating, the first `--skip` iterations
-left out of the means (first-call costs).
+left out of the means (first-call costs). `--together` runs the two sides at the same time, so
+that each sees the same load (the 1-thread rows: two 1-thread processes on two cores).
 
     python -m freshper.profiling.bench_trl --iterations 6 --threads 1,2   # the table
     python -m freshper.profiling.bench_trl --one ours --replay 0 --threads 1  # one process: a JSON line
@@ -30,12 +35,13 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
-def run_ours(replay: bool, iterations: int, skip: int, out: str) -> dict:
+def run_ours(replay: bool, iterations: int, skip: int, out: str, checkpointing: bool, engine: str) -> dict:
     from freshper.trainer import config
     from freshper.trainer.loop import Trainer
 
     cfg = config.load(PRESET, None, {"algo.mode": "freshper" if replay else "on-policy",
-                                     "train.iterations": iterations, "eval.every": 0, "train.progress": False})
+                                     "train.iterations": iterations, "eval.every": 0, "train.progress": False,
+                                     "model.gradient_checkpointing": checkpointing, "rollout.engine": engine})
     rows = Trainer(cfg, os.path.join(out, "ours")).run()[skip:]
 
     def mean(k):
@@ -63,7 +69,7 @@ def _dataset(n: int):
     return Dataset.from_list(rows), cfg
 
 
-def run_trl(replay: bool, iterations: int, skip: int, out: str) -> dict:
+def run_trl(replay: bool, iterations: int, skip: int, out: str, checkpointing: bool, engine: str) -> dict:
     import trl
     from transformers import TrainerCallback
 
@@ -82,7 +88,10 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str) -> dict:
                   max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                   top_k=r.top_k or None, learning_rate=cfg.algo.lr, lr_scheduler_type="constant", warmup_steps=0,
                   beta=0.0, max_steps=iterations, logging_steps=1, bf16=False, seed=cfg.train.seed,
-                  gradient_accumulation_steps=1, disable_tqdm=True)
+                  gradient_accumulation_steps=1, disable_tqdm=True, gradient_checkpointing=checkpointing)
+    if engine == "vllm":  # TRL's colocated engine: vLLM in this process, as ours
+        common.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=r.max_len,
+                      vllm_enable_sleep_mode=False)
     if replay:
         args = FreshPERGRPOConfig(**common, replay_updates=1, replay_batch_size=cfg.algo.replay_batch,
                                   replay_tau=cfg.algo.tau)
@@ -123,13 +132,15 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str) -> dict:
             "reward": sum(rewards) / max(len(rewards), 1)}
 
 
-def one(side: str, replay: bool, threads: int, iterations: int, skip: int) -> dict:
+def one(side: str, replay: bool, threads: int, iterations: int, skip: int, checkpointing: bool,
+        engine: str) -> dict:
     import torch
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as out:
-        res = (run_ours if side == "ours" else run_trl)(replay, iterations, skip, out)
-    return {"side": side, "replay": replay, "threads": threads, **res,
+        res = (run_ours if side == "ours" else run_trl)(replay, iterations, skip, out, checkpointing, engine)
+    return {"side": side, "replay": replay, "threads": threads, "checkpointing": checkpointing, "engine": engine,
+            **res,
             "tokens_per_s": res["gen_tokens"] / res["generate_s"], "peak_rss_gb": _peak_gb()}
 
 
@@ -139,6 +150,12 @@ def main(argv=None) -> None:
     p.add_argument("--skip", type=int, default=1, help="first iterations left out of the means")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--replay", default="0,1", help="0 (off), 1 (on), or both")
+    p.add_argument("--checkpointing", type=int, choices=(0, 1), default=0,
+                   help="activation checkpointing on both sides (1) or on neither (0)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="generation on both sides: transformers generate, or vLLM colocated in the process")
+    p.add_argument("--together", action="store_true",
+                   help="run the two sides at the same time (each sees the other's load: fair on a shared machine)")
     p.add_argument("--one", choices=("ours", "trl"), help="run one side in this process and print a JSON line")
     a = p.parse_args(argv)
     if a.iterations <= a.skip:
@@ -146,20 +163,28 @@ def main(argv=None) -> None:
     threads = [int(t) for t in a.threads.split(",")]
     replays = [bool(int(x)) for x in a.replay.split(",")]
     if a.one:
-        print(json.dumps(one(a.one, replays[0], threads[0], a.iterations, a.skip)))
+        print(json.dumps(one(a.one, replays[0], threads[0], a.iterations, a.skip, bool(a.checkpointing), a.engine)))
         return
     results = []
     for t in threads:
         for rp in replays:
+            procs = {}
             for side in ("ours", "trl"):
                 cmd = [sys.executable, "-m", "freshper.profiling.bench_trl", "--one", side, "--replay", str(int(rp)),
-                       "--threads", str(t), "--iterations", str(a.iterations), "--skip", str(a.skip)]
+                       "--threads", str(t), "--iterations", str(a.iterations), "--skip", str(a.skip),
+                       "--checkpointing", str(a.checkpointing), "--engine", a.engine]
                 env = {**os.environ, "OMP_NUM_THREADS": str(t)}
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                procs[side] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                if not a.together:
+                    procs[side].wait()
+            for side, proc in procs.items():
+                out, err = proc.communicate()
                 if proc.returncode:
-                    sys.exit(f"{side} replay={rp} threads={t} failed:\n{proc.stderr[-3000:]}")
-                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    sys.exit(f"{side} replay={rp} threads={t} failed:\n{err[-3000:]}")
+                results.append(json.loads(out.strip().splitlines()[-1]))
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    print(f"activation checkpointing: {'on' if a.checkpointing else 'off'} on both sides; generation: {a.engine}; "
+          f"sides {'at the same time' if a.together else 'one after the other'}")
     print("| threads | replay | side | s/iteration | generate s | rest s | gen tokens/s | peak RSS GB | reward |")
     print("|---|---|---|---|---|---|---|---|---|")
     for t in threads:
