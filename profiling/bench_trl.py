@@ -9,9 +9,8 @@ arm against GRPOTrainer; replay on: our FreshPER arm (K = 1, 32 replayed traject
 FreshPERGRPOTrainer (replay_updates 1, replay_batch_size 32). Activation (gradient)
 checkpointing is set alike on both sides (`--checkpointing`; off by default, as in our preset:
 GRPOConfig turns it on unless told, trading a second forward for memory). Each (side, replay,
-threads) runs
-in its own process (peak RSS is per process), sides alternating, the first `--skip` iterations
-left out of the means (first-call costs). `--together` runs the two sides at the same time, so
+threads) runs in its own process (peak RSS is per process), sides alternating, the first
+`--skip` iterations left out of the means (first-call costs). `--together` runs the two sides at the same time, so
 that each sees the same load (the 1-thread rows: two 1-thread processes on two cores).
 
     python -m freshper.profiling.bench_trl --iterations 6 --threads 1,2   # the table

@@ -100,12 +100,11 @@ class RunLock:
         self.fh.close()
 
 
-def build_config(p, args, rest, check_folder: bool = True) -> tuple[C.Config, Path, bool]:
-    """(config, run dir, resume?) from train/profile's parser `p` and what its parse_known_args
-    returned; every check that can fail is made here, before anything is built or written (the
-    occupied-folder check only if `check_folder`: under torchrun rank 0 makes it, holding the
-    folder's lock)."""
-    overrides = config_overrides(p, args, rest)
+def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path, bool]:
+    """(config, run dir, resume?) from what train/profile's parse_known_args returned; every check
+    that can fail is made here, before anything is built or written (the occupied-folder check
+    only if `check_folder`: under torchrun rank 0 makes it, holding the folder's lock)."""
+    overrides = config_overrides(args, rest)
     if args.resume:
         run_dir = Path(args.resume)
         if args.preset is not None or args.config is not None:
@@ -195,7 +194,7 @@ def cmd_train(argv) -> int:
     args, rest = p.parse_known_args(argv)
     world = D.from_env().world
     try:
-        cfg, run_dir, resume = build_config(p, args, rest, check_folder=False)
+        cfg, run_dir, resume = build_config(args, rest, check_folder=False)
         check_world(cfg, world)
     except ValueError as e:
         p.error(str(e))
@@ -270,7 +269,7 @@ def cmd_profile(argv) -> int:
         p.error(why)
     try:
         first, last = nsight.parse_window(args.iterations)
-        cfg, run_dir, resume = build_config(p, args, rest)
+        cfg, run_dir, resume = build_config(args, rest)
     except ValueError as e:
         p.error(str(e))
     if last >= cfg.train.iterations:

@@ -92,9 +92,9 @@ def presets_epilog() -> str:
     return "\n".join(wrap.wrap(f"presets: {', '.join(C.PRESETS)}"))
 
 
-def config_overrides(p: argparse.ArgumentParser, ns: argparse.Namespace, rest: list[str]) -> dict:
-    """{'section.field': value} of the config flags given, once `p.parse_known_args` returned `ns`
-    and `rest`; anything left over is an error naming it (an unknown key with its nearest fields)."""
+def config_overrides(ns: argparse.Namespace, rest: list[str]) -> dict:
+    """{'section.field': value} of the config flags given, once a parser's `parse_known_args`
+    returned `ns` and `rest`; anything left over is an error naming it (an unknown key with its nearest fields)."""
     for arg in rest:
         if arg.startswith("--"):
             C.resolve_key(arg[2:].split("=", 1)[0])  # raises: unknown, or ambiguous between sections
@@ -109,4 +109,4 @@ def parse_overrides(argv: list[str]) -> dict:
     p = RaisingParser(add_help=False, allow_abbrev=False)
     add_config_flags(p)
     ns, rest = p.parse_known_args(argv)
-    return config_overrides(p, ns, rest)
+    return config_overrides(ns, rest)
