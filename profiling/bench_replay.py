@@ -1,8 +1,14 @@
-"""Per-step cost of the replay buffer against cpprb's PrioritizedReplayBuffer.
+"""Per-step cost of the replay buffer against cpprb's PrioritizedReplayBuffer and TorchRL's.
 
 One step is what the trainer does each iteration: add(B) + sample(B) + update_priorities(B).
-FreshPER pays for the age decay; cpprb runs classic PER (no decay) on its C++ segment tree.
-Both run in this process on the same machine, and the table prints their ratio.
+FreshPER pays for the age decay; cpprb and TorchRL run classic PER (no decay) on their C++
+segment trees (cpprb and we in float64; TorchRL in its default float32: with dtype=float64
+its buffer fails on extend at 0.14.0, "expected scalar type Double but found Float", its
+default priority being float32). TorchRL is timed twice: the replay buffer a user builds
+(TensorDictReplayBuffer + LazyTensorStorage + PrioritizedSampler) and its PrioritizedSampler
+alone on a filled storage (the segment trees and their Python wrapper, no tensordict). All run
+in this process on the same machine, and the table prints each peer's time over ours.
+A peer that does not import is reported as n/a.
 
     python -m freshper.profiling.bench_replay [--capacities 1e4,1e5,1e6] [--batch 256] [--steps 200]
 """
@@ -67,6 +73,44 @@ def bench_cpprb(capacity: int, batch: int, steps: int) -> float | None:
     return _median_us(one, steps)
 
 
+def bench_torchrl(capacity: int, batch: int, steps: int, sampler_only: bool) -> float | None:
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer
+        from torchrl.data.replay_buffers.samplers.prioritized import SumSegmentTreeFp32
+    except ImportError:
+        return None
+    if SumSegmentTreeFp32 is None:  # its C++ extension did not load: the sampler would refuse to start
+        return None
+    g = torch.Generator().manual_seed(0)
+
+    def rand(n):
+        return torch.rand(n, generator=g) + 1e-6
+
+    sampler = PrioritizedSampler(capacity, alpha=0.6, beta=0.4)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, priority_key="priority",
+                                batch_size=batch)
+    for s in range(0, capacity, 10_000):
+        n = min(10_000, capacity - s)
+        rb.extend(TensorDict({"obs": torch.zeros(n, 1), "priority": rand(n)}, [n]))
+    if sampler_only:
+        state = {"next": 0}
+
+        def one():
+            new = (state["next"] + torch.arange(batch)) % capacity  # FIFO slots, as the storage's
+            state["next"] = int(new[-1]) + 1
+            sampler.update_priority(new, rand(batch))
+            idx, _ = sampler.sample(rb.storage, batch)
+            sampler.update_priority(idx, rand(batch))
+    else:
+        def one():
+            rb.extend(TensorDict({"obs": torch.zeros(batch, 1), "priority": rand(batch)}, [batch]))
+            b = rb.sample()
+            rb.update_priority(b["index"], rand(batch))
+
+    return _median_us(one, steps)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--capacities", default="1e4,1e5,1e6", help="comma-separated buffer sizes")
@@ -79,7 +123,8 @@ def main(argv=None):
     print(f"# bench_replay: B={args.batch}, {args.steps} steps, median per step; "
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     cols = ["capacity", "freshper tree (us)"] + (["freshper scan (us)"] if args.scan else []) + [
-        "cpprb PER (us)", "cpprb / freshper"]
+        "cpprb PER (us)", "cpprb / freshper", "TorchRL buffer (us)", "TorchRL / freshper",
+        "TorchRL sampler alone (us)", "sampler alone / freshper"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for cap in caps:
@@ -87,8 +132,9 @@ def main(argv=None):
         row = [f"{cap:.0e}", f"{tree:.0f}"]
         if args.scan:
             row.append(f"{bench_freshper(cap, args.batch, max(20, args.steps // 10), 'scan'):.0f}")
-        ref = bench_cpprb(cap, args.batch, args.steps)
-        row += [f"{ref:.0f}" if ref else "n/a", f"{ref / tree:.2f}x" if ref else "n/a"]
+        for ref in (bench_cpprb(cap, args.batch, args.steps), bench_torchrl(cap, args.batch, args.steps, False),
+                    bench_torchrl(cap, args.batch, args.steps, True)):
+            row += [f"{ref:.0f}" if ref else "n/a", f"{ref / tree:.2f}x" if ref else "n/a"]
         print("| " + " | ".join(row) + " |", flush=True)
     if torch.cuda.is_available():
         print("\n| capacity | freshper on CUDA, triton sampler (us) |\n|---|---|")
