@@ -169,7 +169,8 @@ class ReplayBuffer:
         self._max_priority = 1.0  # largest raw priority ever written (standard PER starts at 1)
         self._gen = torch.Generator(device=d)
         self._gen.manual_seed(seed)
-        self._tree = _sumtree().SumMinTree(capacity) if sampler == "tree" else None
+        self._st = _sumtree() if sampler == "tree" else None  # the compiled loops, looked up once
+        self._tree = self._st.SumMinTree(capacity) if self._st is not None else None
         self._ref = 0.0
         self._mirror = None  # created on the first save
         self._bind_views()
@@ -189,19 +190,25 @@ class ReplayBuffer:
             raise ValueError(f"{name}={step} is earlier than step {self._step} already seen")
         return int(step)
 
-    def _check_priority(self, priority, n: int | None) -> torch.Tensor:
+    def _check_priority(self, priority, n: int | None) -> tuple[torch.Tensor, float]:
+        """(priority as a (B,) float64 tensor on the device, its largest entry), or an error."""
         p = torch.as_tensor(priority).detach().to(self.device, torch.float64)
         if p.dim() != 1 or p.numel() == 0:
             raise ValueError(f"priority must be a non-empty 1-D sequence (B,), got shape {tuple(p.shape)}")
         if n is not None and p.numel() != n:
             raise ValueError(f"priority has {p.numel()} entries, expected {n} (one per index)")
+        zero_ok = self.mode == "uniform" or self.eps != 0
+        if self._st is not None:  # one compiled pass; the passes below only word a refusal
+            code, pmax = self._st.check_priorities(p.numpy(), zero_ok)
+            if code == 0:
+                return p, pmax
         x, xp = (p.numpy(), np) if self.device.type == "cpu" else (p, torch)  # numpy: ~1 us a check
         bad = ~xp.isfinite(x) | (x < 0)
         if bool(bad.any()):
             raise ValueError(f"priority must be finite and >= 0; got {x[bad][:4].tolist()}")
-        if self.mode != "uniform" and self.eps == 0 and bool((x == 0).any()):
+        if not zero_ok and bool((x == 0).any()):
             raise ValueError("priority + eps must be > 0; got priority 0 with eps=0")
-        return p
+        return p, float(x.max())
 
     def _declare(self, spec: dict) -> None:
         for name, (shape, dtype) in spec.items():
@@ -233,6 +240,8 @@ class ReplayBuffer:
             raise ValueError(f"indices must be a non-empty 1-D integer tensor, "
                              f"got {idx.dtype} of shape {tuple(idx.shape)}")
         idx = idx.to(self.device, torch.int64)
+        if self._st is not None and self._st.check_indices(idx.numpy(), self._np_live, self.capacity) == 0:
+            return idx
         x, live = (idx.numpy(), self._np_live) if self.device.type == "cpu" else (idx, self._live)
         out = (x < 0) | (x >= self.capacity)
         if bool(out.any()):
@@ -246,7 +255,7 @@ class ReplayBuffer:
         """Set priorities of `slots` (a repeated slot keeps its last value), mark them live and,
         with `step`, re-stamp their birth. Returns how many of them were empty."""
         if self._tree is not None:
-            sumtree = _sumtree()
+            sumtree = self._st
             newly, kmax = sumtree.write_slots(
                 self._np_log_base, self._np_birth, self._np_live, self._np_keys, self._tree.sums, self._tree.mins,
                 self._tree.size, slots.numpy(), p.numpy(), self.eps, 0 if step is None else step, step is not None,
@@ -270,6 +279,7 @@ class ReplayBuffer:
         if self.device.type == "cpu":
             self._np_log_base, self._np_birth = self._log_base.numpy(), self._birth.numpy()
             self._np_live, self._np_keys = self._live.numpy(), self._keys.numpy()
+            self._np_own, self._np_boosted = self._own.numpy(), self._boosted.numpy()
 
     def _recompute_keys(self, ref: float | None = None) -> None:
         """All keys from log_base, birth and live, and the tree from scratch: O(N), on load.
@@ -339,7 +349,7 @@ class ReplayBuffer:
                                  f"got sizes {sorted(sizes)}")
             own = torch.full((sizes.pop(),), self._max_priority, dtype=torch.float64, device=self.device)
         else:
-            own = self._check_priority(priority, None)
+            own, own_max = self._check_priority(priority, None)
         n = own.numel()
         if n > self.capacity:
             raise ValueError(f"priority has {n} entries, more than capacity={self.capacity}")
@@ -350,13 +360,17 @@ class ReplayBuffer:
         self._expire_boost(step)
         at_max = priority is None or self.insert != "own"
         if not at_max:
-            self._max_priority = max(self._max_priority, float(own.max()))
+            self._max_priority = max(self._max_priority, own_max)
         p = torch.full_like(own, self._max_priority) if at_max else own
 
         slots = self._choose_slots(n)
         self._size += self._write(slots, p, step)
-        self._own[slots] = own
-        self._boosted[slots] = self.insert == "max-one-step"
+        if self._st is not None:  # slots are distinct here: order does not matter
+            self._st.set_own_in_order(self._np_own, self._np_boosted, slots.numpy(), own.numpy(),
+                                      self.insert == "max-one-step")
+        else:
+            self._own[slots] = own
+            self._boosted[slots] = self.insert == "max-one-step"
         if self.insert == "max-one-step":
             same = self._boost_step == step
             self._boost_slots = torch.cat([self._boost_slots, slots.to(self.device)]) if same else slots.to(self.device)
@@ -430,13 +444,10 @@ class ReplayBuffer:
         j = 0..B-1; u_j outside [0, 1) is allowed (freshper.distributed places its strata so)."""
         if self.sampler == "tree":
             n = u.numel()
-            idx = torch.empty(n, dtype=torch.int64)
-            probs = torch.empty(n, dtype=torch.float64)
-            weights = torch.empty(n, dtype=torch.float64)
+            idx, probs, weights = np.empty(n, np.int64), np.empty(n), np.empty(n)
             t = self._tree
-            _sumtree().sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx.numpy(), probs.numpy(),
-                                    weights.numpy())
-            return idx, probs, weights
+            self._st.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx, probs, weights)
+            return torch.from_numpy(idx), torch.from_numpy(probs), torch.from_numpy(weights)
         if self.sampler == "triton":
             return _fused().sample_triton(self._keys, u, beta, check_live=False)  # callers know size > 0
         return _fused().sample_reference(self._keys, u, beta, check_live=False)
@@ -488,14 +499,14 @@ class ReplayBuffer:
         """Set the base priority of live `indices` (B,); with duplicates the last value wins.
         With `step`, the slots are re-stamped as born at `step` (their age restarts)."""
         idx = self._check_indices(indices)
-        p = self._check_priority(priority, idx.numel())
+        p, pmax = self._check_priority(priority, idx.numel())
         if step is not None:
             step = self._check_step(step)
             self._expire_boost(step)
-        self._max_priority = max(self._max_priority, float(p.max()))
+        self._max_priority = max(self._max_priority, pmax)
         self._write(idx, p, step)
         if self._tree is not None:  # CPU: one compiled loop in order, as _write's
-            _sumtree().set_own_in_order(self._own.numpy(), self._boosted.numpy(), idx.numpy(), p.numpy())
+            self._st.set_own_in_order(self._np_own, self._np_boosted, idx.numpy(), p.numpy(), False)
         else:
             keep = _last_occurrences(idx)  # a repeated index: the last value wins here too
             self._own[idx[keep]] = p[keep]

@@ -117,12 +117,43 @@ def write_slots(log_base, birth, live, keys, sums, mins, size, slots, prio, eps,
 
 
 @numba.njit(cache=True, nogil=True)
-def set_own_in_order(own, boosted, slots, prio):
-    """own[slots[j]] = prio[j] in order (a repeated slot keeps its last value) and the slots'
-    boost ended: update_priorities' bookkeeping of the insertion rules, without a torch.unique."""
+def set_own_in_order(own, boosted, slots, prio, boost):
+    """own[slots[j]] = prio[j] in order (a repeated slot keeps its last value) and
+    boosted[slots[j]] = boost: the insertion rules' bookkeeping of add and update_priorities,
+    without a torch.unique."""
     for j in range(slots.shape[0]):
         own[slots[j]] = prio[j]
-        boosted[slots[j]] = False
+        boosted[slots[j]] = boost
+
+
+@numba.njit(cache=True, nogil=True)
+def check_priorities(prio, zero_ok):
+    """(code, max) of priorities: code 0 if all are finite and >= 0 (and > 0 unless `zero_ok`),
+    1 if one is non-finite or negative, else 2 (a zero). The buffer words the error; this only
+    spares the half-dozen numpy passes of the check on every call."""
+    pmax = -math.inf
+    code = 0
+    for j in range(prio.shape[0]):
+        x = prio[j]
+        if not (x >= 0.0 and x < math.inf):  # NaN fails both
+            return 1, pmax
+        if x == 0.0 and not zero_ok:
+            code = 2
+        pmax = max(pmax, x)
+    return code, pmax
+
+
+@numba.njit(cache=True, nogil=True)
+def check_indices(idx, live, capacity):
+    """0 if every index lies in [0, capacity) and points at a live slot; 1 if one lies outside
+    (checked over all of them first), else 2 (an empty slot)."""
+    for j in range(idx.shape[0]):
+        if idx[j] < 0 or idx[j] >= capacity:
+            return 1
+    for j in range(idx.shape[0]):
+        if not live[idx[j]]:
+            return 2
+    return 0
 
 
 @numba.njit(cache=True, nogil=True)
