@@ -255,11 +255,10 @@ class ReplayBuffer:
         """Set priorities of `slots` (a repeated slot keeps its last value), mark them live and,
         with `step`, re-stamp their birth. Returns how many of them were empty."""
         if self._tree is not None:
-            sumtree = self._st
-            newly, kmax = sumtree.write_slots(
+            newly, kmax = self._st.write_slots(
                 self._np_log_base, self._np_birth, self._np_live, self._np_keys, self._tree.sums, self._tree.mins,
                 self._tree.size, slots.numpy(), p.numpy(), self.eps, 0 if step is None else step, step is not None,
-                sumtree.MODE_CODES[self.mode], self.alpha, self.tau, self._ref)
+                self._st.MODE_CODES[self.mode], self.alpha, self.tau, self._ref)
             if kmax > self._ref + _REBASE_UP or self._tree.total < _REBASE_TOTAL:
                 self._rebuild()
             return int(newly)
