@@ -119,6 +119,14 @@ class EnvConfig:
         rule=lambda v: v.strip() != "", allowed="a column name", bad='')
     digits: int = opt(2, "math without data: digits of each operand of a + b",
         rule=lambda v: 1 <= v <= 9, allowed="in [1, 9]", bad='0')
+    operands: int = opt(2, "math without data: terms of the problem (2: a + b; 3: a + b + c)",
+        rule=lambda v: 2 <= v <= 4, allowed="in [2, 4]", bad='1')
+    operation: str = opt("add", "math without data: add | multiply",
+        choices=("add", "multiply"), bad='divide')
+    held_out: float = opt(0.0, "math without data: the fraction of problems, split by content (a hash of the "
+                               "sorted operands), that only validation draws; 0: validation draws from the "
+                               "training distribution (with one-digit a + b it repeats training problems)",
+        rule=lambda v: 0 <= v < 1, allowed="in [0, 1)", bad='1')
     scorer: str = opt("verify", "math: verify (math-verify over the whole reply, no format penalty: the authors' "
                                 "code; rewards restating the question) | boxed (the last \\boxed{}, a format "
                                 "penalty without one) | last-number (the last \\boxed{}, else the reply's last "

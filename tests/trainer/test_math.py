@@ -159,3 +159,54 @@ def test_math_cpu_iteration_reports_avg_and_pass_at_k(tmp_path):
     assert 0 <= r["eval_success"] <= r["eval_pass_at_k"] <= 1
     with pytest.raises(ValueError, match="eval.temperature"):
         config.load("math-cpu", None, {"eval.temperature": 0.0})
+
+
+def test_held_out_problems_are_disjoint_from_training_by_content():
+    """With env.held_out f, no training seed draws a problem validation draws (commuted ones
+    included), about f of the distinct problems are held out, and validation covers them."""
+    import re
+
+    from freshper.trainer.envs.base import EVAL_SEED_BASE
+
+    env = make_env("math", digits=1, operands=3, held_out=0.2)
+
+    def terms(seed):
+        env.reset(seed)
+        return tuple(sorted(int(x) for x in re.findall(r"\d+", env.question)))
+
+    train = {terms(s) for s in range(5000)}
+    held = {terms(EVAL_SEED_BASE + s) for s in range(2000)}
+    assert not train & held
+    share = len(held) / len(held | train)
+    assert 0.12 < share < 0.28, share  # 220 multisets of three digits: the hash's fraction, within noise
+    env.reset(EVAL_SEED_BASE + 7)
+    a, b, c = (int(x) for x in re.findall(r"\d+", env.question))
+    assert env.answer == str(a + b + c) and env.question.count("+") == 2
+    # without the split, validation repeats training problems (the old one-digit a + b)
+    plain = make_env("math", digits=1)
+    seen = {plain.reset(s) for s in range(2000)}
+    assert plain.reset(EVAL_SEED_BASE + 3) in seen
+
+
+def test_multiplication_and_option_errors():
+    env = make_env("math", digits=1, operation="multiply")
+    env.reset(11)
+    import re
+
+    a, b = (int(x) for x in re.findall(r"\d+", env.question))
+    assert "*" in env.question and env.answer == str(a * b)
+    for kw, msg in [({"operation": "divide"}, "operation must be one of"), ({"operands": 5}, "operands must be"),
+                    ({"held_out": 1.0}, "held_out must be")]:
+        with pytest.raises(ValueError, match=msg):
+            make_env("math", **kw)
+
+
+def test_a_small_held_out_fold_is_enumerated():
+    from freshper.trainer.envs.math import held_out_list
+
+    fold = held_out_list(1, 2, 0.3)
+    assert len(fold) == 31 and len(set(fold)) == 31
+    env = make_env("math", digits=1, operation="multiply", held_out=0.3)
+    questions = [env.reset(EVAL_SEED_BASE + i) for i in range(31)]
+    assert len(set(questions)) == 31 and env.reset(EVAL_SEED_BASE + 31) == questions[0]
+    assert held_out_list(3, 3, 0.3) is None and held_out_list(1, 2, 0.0) is None

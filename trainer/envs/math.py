@@ -14,11 +14,16 @@ Time is bounded: inputs are cut to a few thousand characters, a box to a few hun
 math-verify's own timeouts apply where they can (they use signals, so only on the main thread).
 
 Problems come from
-- the procedural task (`data` empty): "What is a + b?" with `digits`-digit operands drawn from
-  the seed. Validation draws problems from the same distribution with seeds training never
-  uses, as the games' validation does; with one digit there are only 100 problems, so it
-  measures skill at the task, not generalisation to unseen problems (a tiny model trained
-  from scratch does not learn addition itself in minutes; use `data` + `eval_data` for that);
+- the procedural task (`data` empty): "What is a + b?" (or `operands` terms, or a product with
+  `operation` multiply) with `digits`-digit operands drawn from the seed. With `held_out` 0,
+  validation draws problems from the same distribution with seeds training never uses, as the
+  games' validation does: with one digit there are only 100 sums, so validation then repeats
+  training problems and measures skill at the task, not generalisation. With `held_out` f > 0
+  the problem space is split by content: a problem is held out when a hash of its sorted
+  operands falls in the fraction f (so "3 + 5" and "5 + 3" are in the same fold); training
+  never draws a held-out problem and validation draws only those (a space of at most 100,000
+  problems lists its held-out fold: validation seed i takes its i-th problem, so eval.episodes
+  equal to the fold's size, which `held_out_list` gives, visits each once);
 - a dataset (`data`): a local parquet/jsonl/json file or a folder saved by `datasets`, or
   "hub:ORG/NAME" to let `datasets` fetch it on a machine that can; nothing is downloaded
   otherwise. `question_key`/`answer_key` name the columns (the answer may be a full solution
@@ -29,9 +34,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import re
 import threading
+import zlib
 from pathlib import Path
 
 from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
@@ -209,20 +216,58 @@ def _log_first_error(e: Exception, response: str, answer: str) -> None:
                                             "in score_errors)", type(e).__name__, e, response[:300], answer)
 
 
+# env.operation: its sign in the question and how the answer folds the terms
+OPERATIONS = {"add": ("+", sum), "multiply": ("*", math.prod)}
+
+
+def is_held_out(terms: list[int], fraction: float) -> bool:
+    """Whether a procedural problem is in the held-out fold: a fixed hash of its sorted operands
+    (commuted problems share a fold), a fraction `fraction` of all problems."""
+    key = ",".join(map(str, sorted(terms))).encode()
+    return zlib.crc32(key) % 10_000 < round(fraction * 10_000)
+
+
+ENUMERATED = 100_000  # problem spaces up to this size list their held-out fold
+
+
+@functools.lru_cache(maxsize=16)
+def held_out_list(digits: int, operands: int, fraction: float) -> tuple[tuple[int, ...], ...] | None:
+    """Every problem of the held-out fold in a fixed shuffled order (seed 0), or None when there
+    is no split or the space has more than ENUMERATED problems (then validation draws at random).
+    With one-digit operands the fold has a few dozen problems: eval.episodes = its length visits
+    each once."""
+    import itertools
+
+    if not fraction or (10 ** digits) ** operands > ENUMERATED:
+        return None
+    fold = [t for t in itertools.product(range(10 ** digits), repeat=operands) if is_held_out(list(t), fraction)]
+    random.Random(0).shuffle(fold)
+    return tuple(fold)
+
+
 @register
 class Math(BoxedQuestion):
     name = "math"
     instruction = INSTRUCTION
 
     OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
-               "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer"}
+               "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer",
+               "operands": "operands", "operation": "operation", "held_out": "held_out"}
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
-                 question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed"):
+                 question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed",
+                 operands: int = 2, operation: str = "add", held_out: float = 0.0):
         super().__init__(1, format_penalty)
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
-        self.digits, self.scorer = digits, scorer
+        if operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {tuple(OPERATIONS)}, got {operation!r}")
+        if not 2 <= operands <= 4:
+            raise ValueError(f"operands must be in [2, 4], got {operands!r}")
+        if not 0 <= held_out < 1:
+            raise ValueError(f"held_out must be in [0, 1), got {held_out!r}")
+        self.digits, self.scorer, self.operands, self.operation, self.held_out_frac = (
+            digits, scorer, operands, operation, held_out)
         self.train, self.held_out = (), ()
         if data:
             rows = load_problems(data, question_key, answer_key)
@@ -237,10 +282,21 @@ class Math(BoxedQuestion):
         self.correct = False
 
     def _procedural(self, seed: int) -> tuple[str, str]:
-        """a + b with `digits`-digit operands drawn from `seed`."""
+        """`operands` terms of `digits` digits each drawn from `seed`, summed or multiplied; with
+        `held_out` > 0, redrawn until the problem is in the fold the seed asks for (training
+        seeds: the training fold; seeds >= EVAL_SEED_BASE: the held-out fold)."""
         rng, n = random.Random(seed), 10 ** self.digits
-        a, b = rng.randrange(n), rng.randrange(n)
-        return f"What is {a} + {b}?", str(a + b)
+        sign, fold = OPERATIONS[self.operation]
+        want = seed >= EVAL_SEED_BASE
+        listed = held_out_list(self.digits, self.operands, self.held_out_frac) if want else None
+        if listed:  # a small held-out fold is enumerated: eval seeds base + i cover it in turn
+            terms = list(listed[(seed - EVAL_SEED_BASE) % len(listed)])
+        else:
+            while True:
+                terms = [rng.randrange(n) for _ in range(self.operands)]
+                if not self.held_out_frac or is_held_out(terms, self.held_out_frac) == want:
+                    break
+        return f"What is {f' {sign} '.join(map(str, terms))}?", str(fold(terms))
 
     def _reset(self, seed: int) -> None:
         if not self.train:
