@@ -513,6 +513,24 @@ class ReplayBuffer:
         if step is not None:
             self._step = step
 
+    def evict_older_than(self, step: int) -> int:
+        """Remove every live trajectory born before `step`: a hard staleness gate (at step t,
+        `evict_older_than(t - N)` leaves only ages <= N to draw). Returns how many were removed.
+        Their slots become empty (the next adds fill them); an O(capacity) scan, once a step."""
+        if not _is_int(step):
+            raise ValueError(f"step must be an int, got {step!r}")
+        slots = (self._live & (self._birth < step)).nonzero().squeeze(1)
+        n = int(slots.numel())
+        if n == 0:
+            return 0
+        self._live[slots] = False
+        self._keys[slots] = -math.inf
+        self._boosted[slots] = False
+        if self._tree is not None:
+            self._tree.set(slots.numpy(), np.zeros(n), np.full(n, math.inf))
+        self._size -= n
+        return n
+
     # --------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
         """{'meta': JSON-able dict, 'tensors': {name: CPU tensor}}; see freshper/checkpoint.py."""

@@ -140,6 +140,8 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         del h
         logp = torch.zeros(B * T, dtype=torch.float32, device=hidden.device)
         logp[active] = logp_a
+        if old_logp is None:  # the old policy is these weights: the ratio is exactly 1
+            old_logp = logp.view(B, T)
         loss, dlogp, stats = loss_and_grad(logp.view(B, T), old_logp, advantages, mask, weights, **kw)
         ctx.save_for_backward(hidden, weight, targets, active, lse, dlogp)
         ctx.chunks = (chunk_size, vocab_chunk)
@@ -197,7 +199,9 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`.
     With `return_stats`, also a dict of the loss's detached statistics (as `policy_loss`) plus
     "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
-    `exclude`: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one."""
+    `exclude`: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one.
+    `old_logp` None: the old policy is the current one (the first pass over freshly generated
+    rows), its log-probs those this call computes, detached; stats["logp"] returns them."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
@@ -224,6 +228,6 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
               tis_logp=tis_logp, tis_cap=tis_cap, loss=loss, ratio_level=ratio_level)
     out, *stats = _FusedLinearPolicyLoss.apply(
-        hidden, lm_weight, targets, old_logp.detach(), advantages.detach(), mask,
+        hidden, lm_weight, targets, None if old_logp is None else old_logp.detach(), advantages.detach(), mask,
         weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk, exclude)
     return (out, dict(zip((*_STATS, "logp"), stats))) if return_stats else out

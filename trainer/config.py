@@ -222,6 +222,14 @@ class AlgoConfig:
         choices=("recompute", "stored"), bad='fresh')
     replay_updates: int = opt(2, "K: replay updates after each on-policy update (the on-policy arm ignores it: K = 0)",
         rule=lambda v: v >= 0, allowed=">= 0", bad='-1')
+    onpolicy_passes: int = opt(1, "optimizer steps on each fresh batch (PPO's epochs, one batch each): 1 is the "
+                                  "paper's; on-policy with 1 + K passes makes as many updates as a replay arm with "
+                                  "K replay updates (the update-matched control)",
+        rule=lambda v: 1 <= v <= 64, allowed="in [1, 64]", bad='0')
+    max_age: int = opt(0, "the hard staleness gate: replay only trajectories at most this many iterations old "
+                          "(older ones leave the buffer); 0: no gate. Frameworks ship it as max_staleness (TRL's "
+                          "async GRPO), max_trajectory_age_steps (NeMo-RL), max_off_policy_steps (prime-rl)",
+        rule=lambda v: v >= 0, allowed=">= 0 (0: no gate)", bad='-1')
     replay_batch: int = opt(32, "trajectories per replay update",
         rule=lambda v: v > 0, allowed="> 0", bad='0')
     replay_unit: str = opt("trajectory", "trajectory (draw trajectories by priority, the paper's code) | group "
@@ -617,6 +625,18 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as people write numbers: PyYAML follows YAML 1.1, where `1e-6` (no dot) is a string;
+    here, as in YAML 1.2 and every other parser, it is a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$""",
+               re.X),
+    list("-+0123456789."))
+
+
 def load(preset: str = "frozenlake", config_file: str | None = None, overrides: dict | None = None,
          run_config: bool = False) -> Config:
     """A validated Config from preset, then YAML file, then overrides. `run_config`: the file is a
@@ -632,7 +652,7 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
         if not path.is_file():
             raise ValueError(f"--config {config_file}: no such file")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(), Loader=_Loader) or {}
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""

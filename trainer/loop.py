@@ -1,14 +1,18 @@
 """The training loop: one iteration is
 
-    rollout (engine.generate <-> env.step, one chat per episode) -> log-prob recompute
-    -> advantages -> one on-policy update -> buffer.add
+    rollout (engine.generate <-> env.step, one chat per episode) -> advantages
+    -> on-policy update (algo.onpolicy_passes optimizer steps) -> buffer.add
     -> K x [sample -> replay update -> priority update] -> weight sync to the engine
     -> (every eval.every iterations) validation rollout -> (every k iterations) checkpoint
 
 The arm is `algo.mode`: on-policy (K = 0), per (no decay), freshper (exp(-age / tau) decay),
 uniform (replay without priorities). The buffer's step is the iteration number, so tau is in
-iterations, as in the paper. Episodes stay on the training device from the rollout to the
-buffer and back; each update syncs with the host once for its statistics.
+iterations, as in the paper. The old policy's log-probs of a fresh batch are those the on-policy
+update's first forward computes before its optimizer step, so no separate forward recomputes them
+(TRL does the same when it trains once on each batch); further passes (algo.onpolicy_passes) and
+algo.behaviour_logp after use those, or a forward after the update. Episodes stay on the
+training device from the rollout to the buffer and back; each update syncs with the host once
+for its statistics.
 
 On several ranks (torchrun) each rank rolls out its share of the iteration's groups, keeps them
 in its own buffer and draws its share of each replay batch from the one global FreshPER
@@ -156,6 +160,7 @@ class Trainer:
         # one, must not decide the sampling streams, so a run is a function of (config, seed).
         seed_everything(cfg.train.seed)
         self.K = 0 if cfg.algo.mode == "on-policy" else cfg.algo.replay_updates
+        self.recompute_old_logp = False  # True: a separate forward for the old log-probs (tests hold it equal)
         self.sft_losses: list[float] = []
         if not resume:  # warm starts run on the whole model, identically on every rank, before sharding
             if dist.main:
@@ -208,7 +213,7 @@ class Trainer:
                 self.model.float()
         # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
         # steps advance the schedule too), or every optimizer step of the run.
-        horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else 1 + self.K)
+        horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else a.onpolicy_passes + self.K)
         excluded = stand_in = None
         if self.processor is not None:  # the engine never samples vision tokens (a reply cannot hold an image)
             from .vision import stand_in_row, suppressed_ids
@@ -383,12 +388,22 @@ class Trainer:
         tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
         score, reward = ep.score.to(dev), ep.reward.to(dev)
         group = (it * groups + first + ep.group).to(dev)  # unique across iterations and ranks
-        with P("logprob_recompute"):
-            old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
-        logp_check = self._engine_check(old_logp, elogp, mask)
+        old_logp = None  # the update's first forward gives the log-probs under these weights
+        if self.recompute_old_logp:  # the separate forward, as before the cut: the same numbers
+            with P("logprob_recompute"):
+                old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
         adv, tok_adv = self._advantages(score, group, mask)
         with P("onpolicy_update"):
             on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
+            if old_logp is None:
+                old_logp = on.pop("logp")
+            passes = [self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
+                      for _ in range(cfg.algo.onpolicy_passes - 1)]
+        logp_check = self._engine_check(old_logp, elogp, mask)
+        extra_passes = {}
+        if passes:  # the further passes over the fresh batch: how far they moved from its old policy
+            extra_passes = {f"pass_{k}": sum(p[k] for p in passes) / len(passes)
+                            for k in ("loss", "clip_frac", "ratio_mean", "kl_mean")}
 
         replay = {}
         if self.buffer is not None:
@@ -424,6 +439,7 @@ class Trainer:
             "gen_tokens": ep.gen_tokens, "rollout_lag": lag, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             **logp_check, "weight_sync_s": sync_s,
+            "updates": self.policy.sched.last_epoch, **extra_passes,
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
@@ -433,6 +449,9 @@ class Trainer:
         a, P = self.cfg.algo, self.phase
         rows = []
         bins = torch.zeros(2, 32, dtype=torch.float64, device=self.device)  # KL sum and count per age bin
+        if a.max_age:  # the hard staleness gate: nothing older than max_age iterations is replayed
+            with P("sample"):
+                self.buffer.evict_older_than(it - a.max_age)
         for _ in range(self.K):
             with P("sample"):
                 if a.replay_unit == "group":

@@ -137,10 +137,15 @@ class Policy:
         d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never negative; what the metrics and
         freshper-auto use), and "row_kl1", k1 = -d (unbiased, but negative on a row where pi
         happens to favour the sampled tokens). On several ranks the
-        rows are this rank's share of the global batch and the scalar stats are global."""
+        rows are this rank's share of the global batch and the scalar stats are global.
+        `old_logp` None: the old policy is the current weights (the first pass over rows these
+        weights' log-probs were not yet computed for); the update's own forward gives them, and
+        they come back as "logp" (R, L), equal to what `logprobs` would have returned."""
         a = self.cfg.algo
         dev = self.device
-        tokens, mask, old_logp, adv = tokens.to(dev), mask.to(dev), old_logp.to(dev), adv.to(dev)
+        own = old_logp is None
+        tokens, mask, adv = tokens.to(dev), mask.to(dev), adv.to(dev)
+        old_logp = torch.zeros(tokens.shape, dtype=torch.float32, device=dev) if own else old_logp.to(dev)
         weights = None if weights is None else weights.to(dev).float()
         tis_logp = tis_logp.to(dev) if (tis_logp is not None and a.tis_cap > 0) else None
         self.net.train()
@@ -168,7 +173,7 @@ class Policy:
                      else mk[:, 1:].any(1).sum() / total_seq.clamp_min(1))
             cut = lambda t: None if t is None else t[sl, 1:n]  # noqa: E731
             loss, st = self.net(tk, lengths[sl], lambda h, w: fused_linear_policy_loss(
-                h, w, tk[:, 1:], old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
+                h, w, tk[:, 1:], None if own else old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
                 None if weights is None else weights[sl],
                 clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, loss=a.loss, ratio_level=a.ratio_level,
                 ref_logp=cut(ref_logp),
@@ -176,6 +181,8 @@ class Policy:
                 tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
                 exclude=self.exclude),
                 **(vision.kwargs(sl, tk) if vision is not None else {}))
+            if own:  # this forward's log-probs are the old policy's: kept for the caller
+                old_logp[sl, 1:n] = st["logp"]
             (loss * share).backward()
             tok_share = micro_tok / total_tok.clamp_min(1)
             sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
@@ -196,7 +203,8 @@ class Policy:
         self.opt.step()
         self.sched.step()
         return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
-                "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1}
+                "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1,
+                **({"logp": old_logp} if own else {})}
 
 # ------------------------------------------------------------------------- warm start (SFT)
 def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id: int, vision=None) -> float:

@@ -324,3 +324,24 @@ def test_max_priority_insertion(sampler):
         buf.add(None, step=3)
     with pytest.raises(ValueError, match="step"):
         buf.add(torch.ones(1))
+
+
+@pytest.mark.parametrize("device_sampler", ["tree", "scan"])
+def test_evict_older_than_is_a_hard_age_gate(device_sampler):
+    """After evict_older_than(t - N) no draw is older than N, the rest keep their relative
+    probabilities, and an evicted slot is refilled by later adds."""
+    buf = ReplayBuffer(16, mode="per", alpha=1.0, sampler=device_sampler, seed=0)
+    for step in range(4):
+        buf.add(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), step=step, x=torch.full((3,), float(step)))
+    before = buf.probabilities().clone()
+    assert buf.evict_older_than(2) == 6 and len(buf) == 6
+    p = buf.probabilities()
+    kept = p > 0
+    assert kept.sum() == 6 and torch.allclose(p[kept], before[kept] / before[kept].sum())
+    b = buf.sample(64, step=3)
+    assert int(b.age.max()) <= 1 and set(b.x.tolist()) <= {2.0, 3.0}
+    assert buf.evict_older_than(2) == 0
+    with pytest.raises(ValueError, match="step must be an int"):
+        buf.evict_older_than(2.5)
+    buf.add(torch.ones(10, dtype=torch.float64), step=4, x=torch.full((10,), 4.0))
+    assert len(buf) == 16
