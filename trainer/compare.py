@@ -4,12 +4,14 @@
     freshper compare --preset frozenlake --arms freshper --tau-sweep 100,250,500,1000,2000
 
 Every run is `freshper train` in its own process (at most --parallel at once, one torch thread
-each), in runs/compare-NAME/ARM-sSEED/. Seeds fix the model init and the environments: seed s
-gives every arm the same initial states at the same iteration. A run stops at the budget; a
-re-run of the same command skips finished runs and resumes interrupted ones from their latest
-checkpoint. The tables and plots are trainer/compare_report.py's. Runs use a
-constant learning rate after warm-up: a run that stops at an env-step budget has no known
-horizon for a cosine schedule.
+each unless --train.threads says otherwise), in runs/compare-NAME/ARM-sSEED/. The first arm is the
+control the paired tables compare with: on-policy-matched (on-policy with 1 + K passes over each
+fresh batch, as many updates as a replay arm) is the control a replay study needs. Seeds fix
+the model init and the environments: seed s gives every arm the same initial states at the same
+iteration. A run stops at the budget; a re-run of the same command skips finished runs and
+resumes interrupted ones from their latest checkpoint. The tables and plots are
+trainer/compare_report.py's. Runs use a constant learning rate after warm-up: a run that stops
+at an env-step budget has no known horizon for a cosine schedule.
 `--report-only` redraws the table and plots from the runs' metrics.jsonl without running.
 """
 from __future__ import annotations
@@ -25,8 +27,15 @@ from pathlib import Path
 
 from .compare_report import report
 
+MATCHED = "1+K"  # an arm's algo.onpolicy_passes: one more than the replay arms' K (algo.replay_updates)
 ARMS = {
     "on-policy": {"algo.mode": "on-policy"},
+    # the update-matched control: as many optimizer steps per iteration as a replay arm, all of
+    # them on the fresh batch (fresh data used 1 + K times instead of replay)
+    "on-policy-matched": {"algo.mode": "on-policy", "algo.onpolicy_passes": MATCHED},
+    # hard staleness gates: replay only trajectories at most --max-age iterations old
+    "uniform-gate": {"algo.mode": "uniform", "algo.max_age": "MAX_AGE"},
+    "per-gate": {"algo.mode": "per", "algo.max_age": "MAX_AGE"},
     "per": {"algo.mode": "per"},
     "freshper": {"algo.mode": "freshper"},
     "freshper-auto": {"algo.mode": "freshper", "algo.tau_auto": "true"},
@@ -51,30 +60,68 @@ def _run_one(cmd: list[str], log_path: Path) -> int:
         return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
-def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, extra: list[str],
-         taus: list[float] | None) -> list[dict]:
+# What every run gets unless the user's flags say otherwise (theirs win), and the keys compare
+# itself owns (set by its own flags: given as --section.field they are refused up front).
+RUN_DEFAULTS = {"algo.lr_schedule": "constant", "train.checkpoint_every": 10, "train.progress": False,
+                "train.threads": 1}
+OWNED = {"train.seed": "--seeds", "train.env_step_budget": "--budget", "train.iterations": "--budget",
+         "train.run_dir": "--run-dir", "train.name": "--name"}
+
+
+def check_overrides(arms: list[str], given: dict, taus) -> None:
+    """ValueError in one line for a pass-through flag compare sets itself, or one that an arm
+    defines (it would make that arm another arm)."""
+    for key in given:
+        if key in OWNED:
+            raise ValueError(f"--{key} is set by freshper compare for each run; use {OWNED[key]}")
+        if key == "algo.tau" and taus:
+            raise ValueError("--algo.tau is set by --tau-sweep for each run")
+        if key == "algo.max_age" and any(ARMS[a].get(key) == "MAX_AGE" for a in arms):
+            raise ValueError("--algo.max_age defines the gate arms; use --max-age")
+        defined = [a for a in arms if key in ARMS[a]]
+        if defined:
+            raise ValueError(f"--{key} defines arm {defined[0]!r} ({key}={ARMS[defined[0]][key]!r}); "
+                             f"choose arms instead of overriding it")
+
+
+def arm_settings(arm: str, cfg, max_age: int) -> dict:
+    """The arm's overrides with its placeholders resolved against the run's config `cfg`."""
+    out = dict(ARMS[arm])
+    if out.get("algo.onpolicy_passes") == MATCHED:
+        out["algo.onpolicy_passes"] = 1 + cfg.algo.replay_updates
+    if out.get("algo.max_age") == "MAX_AGE":
+        out["algo.max_age"] = max_age
+    return out
+
+
+def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: dict,
+         taus: list[float] | None, max_age: int = 4) -> list[dict]:
     """The runs of a comparison, seed by seed (every arm of seed 0, then of seed 1, ...), so one cut
-    short holds whole seeds; finished runs are skipped, checkpointed ones resumed."""
+    short holds whole seeds; finished runs are skipped, checkpointed ones resumed. `given`: the
+    user's pass-through overrides, {'section.field': value}, applied to every run."""
+    from . import config as C
+
     preset = ENV_PRESETS[env][0]
+    cfg = C.load(preset, None, given)
     jobs = []
     variants = [(a, None) for a in arms] if not taus else [(arms[0], t) for t in taus]
     for s in range(seeds):
         for arm, tau in variants:
             label = arm if tau is None else f"{arm}-tau{tau:g}"
             run = out / f"{label}-s{s}"
-            over = {**ARMS[arm], "train.seed": s, "train.env_step_budget": budget, "train.iterations": 100_000,
-                    "algo.lr_schedule": "constant",
-                    "train.checkpoint_every": 10, "train.progress": "false", "train.threads": 1,
+            over = {**RUN_DEFAULTS, **given, **arm_settings(arm, cfg, max_age), "train.seed": s,
+                    "train.env_step_budget": budget, "train.iterations": 100_000,
                     "train.run_dir": str(out), "train.name": run.name}
             if tau is not None:
                 over["algo.tau"] = tau
-            args = [x for k, v in over.items() for x in (f"--{k}", str(v))]
+            # --key=value: a value such as -1e-3 is not taken for a flag
+            args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in over.items()]
             if (run / "DONE").exists():
                 cmd = None
             elif (run / "checkpoints" / "latest").exists():
-                cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--resume", str(run), *extra]
+                cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--resume", str(run)]
             else:
-                cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", preset, *args, *extra]
+                cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", preset, *args]
             jobs.append({"label": label, "seed": s, "run": run, "cmd": cmd, "tau": tau})
     return jobs
 
@@ -96,6 +143,8 @@ def main(argv) -> int:
     p.add_argument("--run-dir", default="runs", help="parent folder")
     p.add_argument("--tau-sweep", default="", help="comma-separated taus for the single arm in --arms")
     p.add_argument("--report-only", action="store_true", help="redraw the table and plots from existing runs")
+    p.add_argument("--max-age", type=int, default=4,
+                   help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
     args, extra = p.parse_known_args(argv)
     if args.env not in ENV_PRESETS:
         p.error(f"--preset must be one of {list(ENV_PRESETS)}, got {args.env!r}")
@@ -111,13 +160,15 @@ def main(argv) -> int:
             p.error(f"--tau-sweep must be comma-separated numbers, got {args.tau_sweep!r}")
         if len(arms) != 1 or ARMS[arms[0]].get("algo.mode") not in ("freshper",) or any(t <= 0 for t in taus):
             p.error("--tau-sweep needs exactly one freshper arm and taus > 0")
-    if args.seeds < 1 or args.parallel < 1:
-        p.error("--seeds and --parallel must be >= 1")
+    if args.seeds < 1 or args.parallel < 1 or args.max_age < 1:
+        p.error("--seeds, --parallel and --max-age must be >= 1")
     from . import config as C
     from .flags import parse_overrides
 
-    try:  # fail on a bad pass-through override now, not in every child
-        C.load(ENV_PRESETS[args.env][0], None, parse_overrides(extra))
+    try:  # fail on a bad or conflicting pass-through override now, not in every child
+        given = {C.resolve_key(k): v for k, v in parse_overrides(extra).items()}
+        check_overrides(arms, given, taus)
+        C.load(ENV_PRESETS[args.env][0], None, given)
     except ValueError as e:
         p.error(str(e))
     budget = args.budget or ENV_PRESETS[args.env][1]
@@ -127,7 +178,7 @@ def main(argv) -> int:
     command = shlex.join(["freshper", "compare", *argv])
     if args.report_only and (out / "command.txt").exists():  # keep the command that made the runs
         command = (out / "command.txt").read_text().strip()
-    jobs = plan(out, args.env, arms, args.seeds, budget, extra, taus)
+    jobs = plan(out, args.env, arms, args.seeds, budget, given, taus, args.max_age)
     todo = [] if args.report_only else [j for j in jobs if j["cmd"]]
     if args.report_only and not all((j["run"] / "metrics.jsonl").exists() for j in jobs):
         p.error(f"--report-only: some runs in {out} have no metrics.jsonl yet")

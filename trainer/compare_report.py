@@ -8,7 +8,8 @@ trainer/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu 
 token of replayed trajectories against their age, the age distribution of replayed
 trajectories, the IS-weight ESS over training, and for a tau sweep the AUCs against tau.
 A third table pairs each arm's seeds with the first arm's: seed s gives every arm the same
-initial states, so the per-seed difference removes what the states contribute.
+initial states, so the per-seed difference removes what the states contribute. A fourth holds
+the readouts at equal optimizer updates and equal compute (trainer/compare_readouts.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .compare_readouts import matched_table
 from .intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of this module's API)
 from .metrics import points, read
 from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
@@ -238,8 +240,11 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
     diffs = paired(by_label)
     for label, d in diffs.items():
         summary[label]["paired"] = {k: dict(zip(("mean", "ci95", "higher", "seeds"), v)) for k, v in d.items()}
+    readouts, js = matched_table(by_label, budget)
+    for label, v in js.items():
+        summary[label]["matched"] = v
     table = (f"budget: {budget} env steps per run; " + table + paired_table(next(iter(by_label)), diffs)
-             + signal_table(by_label))
+             + readouts + signal_table(by_label))
     plot(out / "curves.png", by_label, summary, budget, sweep)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(summary, indent=1))

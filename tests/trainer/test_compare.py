@@ -20,8 +20,10 @@ def test_compare_runs_reports_and_resumes(tmp_path, capsys):
     table = (out / "table.md").read_text()
     assert "| on-policy | 2 |" in table and "| freshper | 2 |" in table and "final eval success" in table
     # replay diagnostics for the replay arm only
-    assert "| freshper | " in table.split("Replay diagnostics")[1] and "drift rate" in table
-    assert "| on-policy |" not in table.split("Replay diagnostics")[1]
+    diagnostics = table.split("Replay diagnostics")[1].split("Paired by seed")[0]
+    assert "| freshper | " in diagnostics and "drift rate" in table
+    assert "| on-policy |" not in diagnostics
+    assert "Matched readouts" in table and "| on-policy | (control) |" in table
     assert (out / "curves.png").stat().st_size > 0
     assert (out / "command.txt").read_text().startswith("freshper compare --env frozenlake")
     res = json.loads((out / "results.json").read_text())
@@ -71,7 +73,7 @@ def test_runs_go_seed_by_seed(tmp_path):
     """Every arm of a seed runs before the next seed: a comparison cut short holds whole seeds."""
     from freshper.trainer.compare import plan
 
-    jobs = plan(tmp_path, "math-cpu", ["on-policy", "per", "freshper"], 3, 100, [], None)
+    jobs = plan(tmp_path, "math-cpu", ["on-policy", "per", "freshper"], 3, 100, {}, None)
     assert [(j["seed"], j["label"]) for j in jobs[:4]] == [(0, "on-policy"), (0, "per"), (0, "freshper"),
                                                           (1, "on-policy")]
     assert len(jobs) == 9
@@ -96,3 +98,54 @@ def test_paired_differences_match_arms_by_seed():
     table = paired_table("on-policy", d)
     assert "difference to on-policy" in table and "| freshper | 3 | 0.020 ± " in table and "[2/3]" in table
     assert paired({"on-policy": by_label["on-policy"]}) == {} and paired_table("on-policy", {}) == ""
+
+
+def test_arms_resolve_against_the_run_config(tmp_path):
+    """on-policy-matched makes 1 + K passes (K the replay arms' replay_updates, as given); the gate
+    arms take --max-age; a user's flag wins over compare's own run defaults, written --k=v."""
+    from freshper.trainer.compare import plan
+
+    given = {"algo.replay_updates": 3, "train.threads": 2, "env.format_penalty": -1e-3}
+    jobs = plan(tmp_path, "math-cpu", ["on-policy-matched", "per-gate", "freshper"], 1, 100, given, None, 6)
+    cmds = {j["label"]: j["cmd"] for j in jobs}
+    assert "--algo.onpolicy_passes=4" in cmds["on-policy-matched"]
+    assert "--algo.mode=on-policy" in cmds["on-policy-matched"]
+    assert "--algo.max_age=6" in cmds["per-gate"] and "--algo.mode=per" in cmds["per-gate"]
+    assert not any(a.startswith("--algo.max_age") for a in cmds["freshper"])
+    for cmd in cmds.values():
+        keys = [a.split("=", 1)[0] for a in cmd if a.startswith("--")]
+        assert len(keys) == len(set(keys)), "a flag given twice"
+        assert "--train.threads=2" in cmd and "--env.format_penalty=-0.001" in cmd
+    from freshper.trainer.flags import parse_overrides  # every child's line parses as train's would
+
+    child = cmds["per-gate"][cmds["per-gate"].index("--preset") + 2:]
+    assert parse_overrides(child)["algo.max_age"] == 6
+
+
+@pytest.mark.parametrize("flag,msg", [
+    (["--train.threads", "1"], None),  # compare's own default: the user's value wins, no "given twice"
+    (["--train.seed", "3"], "use --seeds"),
+    (["--seed", "3"], "use --seeds"),
+    (["--train.iterations", "5"], "use --budget"),
+    (["--train.name", "x"], "use --name"),
+    (["--algo.mode", "per"], "defines arm 'on-policy'"),
+    (["--algo.max_age", "3"], "use --max-age"),
+])
+def test_compare_flags_it_sets(tmp_path, capsys, monkeypatch, flag, msg):
+    """A flag compare sets for each run is refused up front in one line (or, for its defaults,
+    the user's value wins): the real parser, not a copy of it."""
+    from freshper.trainer import compare
+
+    argv = ["--preset", "math-cpu", "--arms", "on-policy,per-gate", "--seeds", "1", "--budget", "16",
+            "--run-dir", str(tmp_path), *flag]
+    if msg is None:
+        ran = []
+        monkeypatch.setattr(compare, "_run_one", lambda cmd, log: ran.append(cmd) or 1)  # no child starts
+        assert compare.main(argv) == 1
+        assert ran and all(sum(a.startswith("--train.threads") for a in c) == 1 for c in ran)
+        assert all("--train.threads=1" in c for c in ran)
+        return
+    with pytest.raises(SystemExit):
+        compare.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert msg in err[-1]

@@ -1,0 +1,68 @@
+"""The matched readouts of `freshper compare` on synthetic runs whose answers are known by hand."""
+import math
+
+import pytest
+
+from freshper.trainer.compare_readouts import eval_track, first_reach, matched, matched_table, value_at
+
+
+def run(its, updates_per_it, secs_per_it, evals, final, steps_per_it=32):
+    """Rows of a run: `evals` {iteration: eval_success} (run before that iteration), `final` after."""
+    rows = []
+    for i in range(its):
+        r = {"iteration": i, "env_steps": steps_per_it * (i + 1), "updates": updates_per_it * (i + 1),
+             "time_rollout": secs_per_it / 2, "time_onpolicy_update": secs_per_it / 2, "time_eval": 100.0}
+        if i in evals:
+            r.update(eval_success=evals[i], eval_env_steps=steps_per_it * i)
+        rows.append(r)
+    rows[-1].update(final_eval_success=final, final_eval_env_steps=steps_per_it * its)
+    return rows
+
+
+def by_label(**arms):
+    return {label: [({"seed": s}, rows, {}) for s, rows in enumerate(seeds)] for label, seeds in arms.items()}
+
+
+def test_tracks_sit_where_validation_ran():
+    rows = run(10, 2, 3.0, {0: 0.1, 5: 0.3}, 0.5)
+    assert eval_track(rows, "updates") == [(0.0, 0.1), (10.0, 0.3), (20.0, 0.5)]
+    assert eval_track(rows, "compute") == [(0.0, 0.1), (15.0, 0.3), (30.0, 0.5)]  # time_eval is not training
+    assert eval_track(rows, "env_steps") == [(0.0, 0.1), (160.0, 0.3), (320.0, 0.5)]
+    assert eval_track([{k: v for k, v in r.items() if k != "updates"} for r in rows], "updates") == []
+    assert value_at([(0.0, 0.1), (10.0, 0.3)], 5.0) == pytest.approx(0.2)
+    assert math.isnan(value_at([(0.0, 0.1), (10.0, 0.3)], 10.5))  # never extrapolated
+    assert first_reach([(0.0, 0.1), (10.0, 0.3), (20.0, 0.5)], 0.4) == pytest.approx(15.0)
+    assert first_reach([(0.0, 0.6), (10.0, 0.3)], 0.4) == 0.0
+    assert math.isnan(first_reach([(0.0, 0.1), (10.0, 0.3)], 0.4))
+
+
+def test_matched_readouts_by_hand():
+    """Control: 1 update and 1 s an iteration; replay: 2 updates and 2 s. At equal updates (the
+    control's 10) the replay arm is read at its iteration 5, where its curve is 0.2 + ...; the
+    numbers below are worked out by hand from the linear curves."""
+    control = [run(10, 1, 1.0, {0: 0.1, 5: 0.3}, 0.5), run(10, 1, 1.0, {0: 0.2, 5: 0.2}, 0.4)]
+    replay = [run(10, 2, 2.0, {0: 0.1, 5: 0.5}, 0.9), run(10, 2, 2.0, {0: 0.2, 5: 0.3}, 0.3)]
+    res = matched(by_label(control=control, replay=replay))
+    # seed 0: replay's updates track (0, .1) (10, .5) (20, .9): at 10 updates 0.5, control's final 0.5
+    # seed 1: (0, .2) (10, .3) (20, .3): at 10 updates 0.3, control's final 0.4
+    m, h, wins, n, d = res["replay"]["updates"]
+    assert d == pytest.approx([0.0, -0.1]) and (wins, n) == (0, 2) and m == pytest.approx(-0.05)
+    # compute: control spends 10 s; replay at 10 s is at its iteration 5: the same reads here
+    assert res["replay"]["compute"][4] == pytest.approx([0.0, -0.1])
+    # env steps to reach the control's final (0.5, 0.4): replay seed 0 (0, .1) (160, .5): 160;
+    # seed 1 never reaches 0.4; the control reaches its own final at its end (320)
+    med, ok, n, steps = res["replay"]["reach"]
+    assert steps[0] == pytest.approx(160.0) and math.isnan(steps[1]) and (ok, n) == (1, 2)
+    assert res["control"]["reach"][3] == pytest.approx([320.0, 320.0])
+    table, js = matched_table(by_label(control=control, replay=replay), 320)
+    assert "| replay | -0.050 ± " in table and "[0/2]" in table and "| 1/2 |" in table
+    assert js["replay"]["at_equal_updates"]["per_seed"] == pytest.approx([0.0, -0.1])
+
+
+def test_a_wrong_reading_point_fails():
+    """Reading the replay arm at its own final updates (no matching) or off by one validation
+    interval gives other numbers than the matched readout: the test above would fail on either."""
+    replay = run(10, 2, 2.0, {0: 0.1, 5: 0.5}, 0.9)
+    track = eval_track(replay, "updates")
+    assert value_at(track, 10.0) == pytest.approx(0.5)
+    assert value_at(track, 20.0) != pytest.approx(0.5) and value_at(track, 12.0) != pytest.approx(0.5)

@@ -1,0 +1,157 @@
+"""Readouts of a comparison that hold something other than env steps equal.
+
+An arm with K replay updates makes 1 + K optimizer steps per iteration and costs more compute per
+env step than on-policy; its lead at equal env steps may be nothing but those extra updates. So
+besides the primary readout (final validation at equal env steps) `freshper compare` reports,
+paired by seed against the control arm (the first of --arms):
+
+- validation at equal optimizer updates: each arm's validation curve, as a function of the updates
+  made before it ran, read at the fewest updates any arm of that seed makes in all;
+- validation at equal measured compute: the same against the seconds of training work (every
+  timed phase but validation and checkpoints), read at the least any arm of the seed spends;
+- env steps to reach the control's final validation (the rollout volume each arm needs for the
+  control's result, as ReMix reports it): where its validation curve first reaches that value,
+  linear between validation points; not reached within the budget is counted, not imputed.
+
+Validation points sit where the validation ran: before iteration i's rollout (so after the
+updates and compute of iterations 0..i-1), and the final one after the last iteration. Curves are
+linear between points and never extrapolated: a value asked past an arm's last point is NaN.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .intervals import mean_ci
+
+UNTIMED = ("time_eval", "time_checkpoint")  # not training work
+
+
+def compute_seconds(row: dict) -> float:
+    """Seconds of training work in one iteration: its timed phases but validation and checkpoints."""
+    return sum(v for k, v in row.items() if k.startswith("time_") and k not in UNTIMED)
+
+
+def cumulative(rows: list[dict], x: str) -> list[float] | None:
+    """The cumulative quantity `x` after each row: "env_steps", "updates" (optimizer steps) or
+    "compute" (seconds, compute_seconds); None when the rows do not log it."""
+    if x == "compute":
+        return list(np.cumsum([compute_seconds(r) for r in rows]))
+    if not all(x in r for r in rows):
+        return None
+    return [float(r[x]) for r in rows]
+
+
+def eval_track(rows: list[dict], x: str, key: str = "eval_success") -> list[tuple[float, float]]:
+    """(cumulative x when the validation ran, validation value) over a run, in order; [] when x is
+    not logged."""
+    cum = cumulative(rows, x)
+    if cum is None:
+        return []
+    pts = []
+    for i, r in enumerate(rows):
+        if key in r:
+            pts.append((cum[i - 1] if i else 0.0, float(r[key])))
+    if rows and f"final_{key}" in rows[-1]:
+        pts.append((cum[-1], float(rows[-1][f"final_{key}"])))
+    return pts
+
+
+def value_at(track: list[tuple[float, float]], x: float) -> float:
+    """The track's value at x, linear between its points; NaN outside [first x, last x]."""
+    if not track:
+        return math.nan
+    xs, ys = np.array(track, dtype=float).T
+    if x < xs[0] - 1e-9 or x > xs[-1] + 1e-9:
+        return math.nan
+    return float(np.interp(x, xs, ys))
+
+
+def first_reach(track: list[tuple[float, float]], target: float) -> float:
+    """The first x at which the track, linear between points, reaches `target`; NaN if never."""
+    for i, (x1, y1) in enumerate(track):
+        if y1 >= target:
+            if i == 0:
+                return float(x1)
+            x0, y0 = track[i - 1]
+            return float(x0 + (target - y0) / (y1 - y0) * (x1 - x0))
+    return math.nan
+
+
+def final_x(rows: list[dict], x: str) -> float:
+    cum = cumulative(rows, x)
+    return math.nan if not cum else float(cum[-1])
+
+
+def matched(by_label: dict, key: str = "eval_success") -> dict:
+    """{arm: {"updates": ..., "compute": ..., "reach": ...}} against the first arm (the control), per
+    seed both ran. "updates"/"compute": (mean, half-width, wins, n, per-seed differences) of the arm's
+    validation minus the control's, both read at that seed's least final updates / compute over all
+    arms. "reach": (median env steps to the control's final validation over the seeds that reached
+    it, reached, n, per-seed env steps with NaN for not reached)."""
+    labels = list(by_label)
+    if not labels:
+        return {}
+    runs = {label: {j["seed"]: rows for j, rows, _ in items} for label, items in by_label.items()}
+    seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
+    control = labels[0]
+    out: dict = {label: {} for label in labels}
+    for x in ("updates", "compute"):
+        at = {}
+        for s in seeds:
+            finals = [final_x(runs[label][s], x) for label in labels]
+            if any(math.isnan(f) for f in finals):
+                continue
+            at[s] = min(finals)
+        vals = {label: {s: value_at(eval_track(runs[label][s], x, key), at[s]) for s in at} for label in labels}
+        for label in labels[1:]:
+            d = [vals[label][s] - vals[control][s] for s in at]
+            d = [v for v in d if not math.isnan(v)]
+            out[label][x] = (*mean_ci(d), sum(v > 0 for v in d), len(d), d) if d else None
+        out[control][x + "_value"] = {s: vals[control][s] for s in at}
+    for label in labels:
+        steps = []
+        for s in seeds:
+            target = runs[control][s][-1].get(f"final_{key}")
+            steps.append(math.nan if target is None else first_reach(eval_track(runs[label][s], "env_steps", key),
+                                                                      float(target)))
+        ok = [v for v in steps if not math.isnan(v)]
+        out[label]["reach"] = (float(np.median(ok)) if ok else math.nan, len(ok), len(steps), steps)
+    return out
+
+
+def matched_table(by_label: dict, budget: int, key: str = "eval_success") -> tuple[str, dict]:
+    """The markdown section of `matched` and its JSON-able form."""
+    res = matched(by_label, key)
+    if len(res) < 2:
+        return "", {}
+    control = next(iter(res))
+
+    def cell(v):
+        if v is None:
+            return "n/a (not logged)"
+        m, h, wins, n, _ = v
+        return f"{m:.3f} (—) [{wins}/{n}]" if math.isnan(h) else f"{m:.3f} ± {h:.3f} [{wins}/{n}]"
+
+    lines = [f"\n\nMatched readouts, paired by seed against {control} (mean ± 95% t-interval of the difference in "
+             f"{key}; in brackets, on how many seeds the arm is higher): at the fewest optimizer updates any arm "
+             "of the seed makes, at the least training compute (seconds of every timed phase but validation "
+             f"and checkpoints) any arm of the seed spends; and the env steps each arm needs to reach "
+             f"{control}'s final {key} (median over the seeds that reach it within the {budget}-step budget, "
+             "linear between validation points)\n",
+             "| arm | at equal updates | at equal compute | env steps to reach the control's final | reached |",
+             "|---|---|---|---|---|"]
+    js = {}
+    for label, r in res.items():
+        med, ok, n, steps = r["reach"]
+        reach = "—" if math.isnan(med) else f"{med:.0f}"
+        up = "(control)" if label == control else cell(r["updates"])
+        co = "(control)" if label == control else cell(r["compute"])
+        lines.append(f"| {label} | {up} | {co} | {reach} | {ok}/{n} |")
+        js[label] = {"reach_median_env_steps": med, "reached": ok, "seeds": n, "reach_per_seed": steps}
+        for x in ("updates", "compute"):
+            if label != control and r[x] is not None:
+                m, h, wins, nn, d = r[x]
+                js[label][f"at_equal_{x}"] = {"mean": m, "ci95": h, "higher": wins, "seeds": nn, "per_seed": d}
+    return "\n".join(lines), js
