@@ -10,6 +10,7 @@ here: a flag may be given once, and an unknown one is named with its nearest fie
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 
 from . import config as C
@@ -65,10 +66,16 @@ def preset_values(preset: str) -> dict:
     return C.flatten(C.apply(C.Config(), C.PRESETS[preset]).to_dict())
 
 
+# argparse takes "-1e-3" for a flag (its own pattern knows "-1" and "-.5" only), so a negative
+# value in exponent form needed "--k=-1e-3"; this pattern reads every float literal as a value.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
 def add_config_flags(p: argparse.ArgumentParser, preset: str = "") -> None:
     """One flag per config field on `p`, a group per section; a short alias `--field` for a field
     name unique across sections unless `p` already has that flag (`freshper profile --iterations`).
     Unset flags are absent from the parsed namespace (`config_overrides` reads what was given)."""
+    p._negative_number_matcher = NEGATIVE_NUMBER
     table = C.field_table()
     names = [k.split(".", 1)[1] for k in table]
     shown = preset_values(preset)
