@@ -179,6 +179,10 @@ class Trainer:
         self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)
                         if dist.main else None)
         self.resumed = resume
+        if dist.main:
+            from .provenance import record
+
+            record(self.run_dir, resume)
         if resume and dist.main:  # the checkpoint accepted them: overrides given at resume are the run's config now
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
 

@@ -57,3 +57,21 @@ def test_the_gate_replays_nothing_older_than_max_age(tmp_path):
     assert [r["buffer_size"] for r in rows] == [8, 16, 16, 16]
     _, free = train(tmp_path, "free", False, **{"algo.mode": "uniform", "train.iterations": 4})
     assert max(r["replay_age_max"] for r in free) > 1 and free[-1]["buffer_size"] == 32
+
+
+def test_a_run_records_the_commit_it_ran(tmp_path):
+    import json
+    import subprocess
+
+    from freshper.trainer.provenance import source_commit
+
+    tr = Trainer(config.load("tiny", None, {"train.iterations": 1}), tmp_path / "run")
+    info = json.loads((tmp_path / "run" / "source.json").read_text())
+    sha, dirty = source_commit()
+    here = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=__file__.rsplit("/", 3)[0]).stdout.strip()
+    assert info["commit"] == sha == here and info["dirty"] == dirty and info["torch"] == torch.__version__
+    del tr
+    Trainer(config.load("tiny", None, {"train.iterations": 1}), tmp_path / "run2").run()
+    Trainer(config.load("tiny", None, {"train.iterations": 2}), tmp_path / "run2", resume=True)
+    assert json.loads((tmp_path / "run2" / "source.json").read_text())["resumed"][0]["commit"] == sha
