@@ -6,7 +6,7 @@
     freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
     freshper chance --preset frozenlake [--episodes 1000]    (the random-reply policy's score)
     freshper export RUN_DIR [--iteration N] OUT              (a checkpoint as a Hugging Face folder)
-    freshper eval RUN_DIR|MODEL_DIR [--preset P] [--episodes N] [--samples k]   (the validation rollout alone)
+    freshper eval RUN_DIR|MODEL_DIR [--preset P] [--eval.episodes N] [--samples k]   (the validation rollout alone)
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 from . import config as C
-from .flags import WIDTH, Formatter, add_config_flags, config_overrides, parse_overrides, presets_epilog
+from .flags import WIDTH, Formatter, add_config_flags, config_overrides, presets_epilog
 
 
 class logging_to:
@@ -112,6 +112,10 @@ def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path,
                              f"do not apply (change single fields with --section.field VALUE)")
         if not (run_dir / "config.yaml").exists():
             raise ValueError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
+        fixed = [k for k in overrides if k not in C.resumable()]
+        if fixed:  # the run's data, groups, seeds and folder are what its checkpoint was made with
+            raise ValueError(f"--resume {run_dir}: {', '.join(fixed)} cannot change within a run; --resume may "
+                             f"change {', '.join(C.resumable())}")
         cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides, run_config=True)
         return cfg, run_dir, True
     preset = args.preset or DEFAULT_PRESET
@@ -342,13 +346,14 @@ def cmd_eval(argv) -> int:
     """The validation rollout of a run's checkpoint or of a model folder, with 95% intervals."""
     import tempfile
 
-    p = argparse.ArgumentParser(prog="freshper eval", description=cmd_eval.__doc__)
+    p = argparse.ArgumentParser(prog="freshper eval", description=cmd_eval.__doc__, formatter_class=Formatter,
+                                allow_abbrev=False)
     p.add_argument("target", help="a run folder (its latest checkpoint, or --iteration N) or a Hugging Face model "
                                   "folder (config.json)")
     p.add_argument("--preset", help=f"the task (default: the run's own config; for a model folder {DEFAULT_PRESET})")
     p.add_argument("--iteration", type=int, help="a run's checkpoint (default: the latest)")
-    p.add_argument("--episodes", type=int, help="validation states (default: the config's eval.episodes)")
-    p.add_argument("--samples", type=int, help="replies per state, k of avg@k and pass@k")
+    # --samples (eval.samples) and the other fields come from add_config_flags: one flag per field
+    add_config_flags(p)
     args, rest = p.parse_known_args(argv)
     target = Path(args.target)
     is_run = (target / "checkpoints").is_dir() and (target / "config.yaml").exists()
@@ -359,13 +364,9 @@ def cmd_eval(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             model = export(target, Path(tmp) / "model", args.iteration) if is_run else target
-            over = parse_overrides(rest)
+            over = config_overrides(args, rest)
             over.update({"model.path": str(model), "algo.mode": "on-policy", "train.sft_steps": 0,
                          "train.progress": False, "train.run_dir": tmp, "train.name": "eval", "train.log_to": ""})
-            if args.episodes:
-                over["eval.episodes"] = args.episodes
-            if args.samples:
-                over["eval.samples"] = args.samples
             config_file = str(target / "config.yaml") if is_run and not args.preset else None
             cfg = C.load(args.preset or ("frozenlake" if config_file else DEFAULT_PRESET), config_file, over,
                          run_config=config_file is not None)

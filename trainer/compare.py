@@ -64,7 +64,7 @@ def _run_one(cmd: list[str], log_path: Path) -> int:
 # itself owns (set by its own flags: given as --section.field they are refused up front).
 RUN_DEFAULTS = {"algo.lr_schedule": "constant", "train.checkpoint_every": 10, "train.progress": False,
                 "train.threads": 1}
-OWNED = {"train.seed": "--seeds", "train.env_step_budget": "--budget", "train.iterations": "--budget",
+OWNED = {"train.seed": "--seeds and --first-seed", "train.env_step_budget": "--budget", "train.iterations": "--budget",
          "train.run_dir": "--run-dir", "train.name": "--name"}
 
 
@@ -95,7 +95,7 @@ def arm_settings(arm: str, cfg, max_age: int) -> dict:
 
 
 def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: dict,
-         taus: list[float] | None, max_age: int = 4) -> list[dict]:
+         taus: list[float] | None, max_age: int = 4, first_seed: int = 0) -> list[dict]:
     """The runs of a comparison, seed by seed (every arm of seed 0, then of seed 1, ...), so one cut
     short holds whole seeds; finished runs are skipped, checkpointed ones resumed. `given`: the
     user's pass-through overrides, {'section.field': value}, applied to every run."""
@@ -105,7 +105,7 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     cfg = C.load(preset, None, given)
     jobs = []
     variants = [(a, None) for a in arms] if not taus else [(arms[0], t) for t in taus]
-    for s in range(seeds):
+    for s in range(first_seed, first_seed + seeds):
         for arm, tau in variants:
             label = arm if tau is None else f"{arm}-tau{tau:g}"
             run = out / f"{label}-s{s}"
@@ -136,7 +136,9 @@ def main(argv) -> int:
                    help="keep each finished run's checkpoints/ and final/ (by default removed once the run is DONE: "
                         "a pretrained model's checkpoint is over 1 GB, the comparison needs the metrics)")
     p.add_argument("--arms", default="on-policy,per,freshper", help=f"comma-separated, from {list(ARMS)}")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per arm (0..N-1)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per arm (FIRST..FIRST+N-1)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the first seed (a pilot on seeds a study does not use; more seeds for a study later)")
     p.add_argument("--budget", type=int, default=0, help="env steps per run (default: the env's)")
     p.add_argument("--parallel", type=int, default=2, help="runs at once (one torch thread each)")
     p.add_argument("--name", default="", help="runs/compare-NAME (default: the env, or the env and 'tau-sweep')")
@@ -162,6 +164,8 @@ def main(argv) -> int:
             p.error("--tau-sweep needs exactly one freshper arm and taus > 0")
     if args.seeds < 1 or args.parallel < 1 or args.max_age < 1:
         p.error("--seeds, --parallel and --max-age must be >= 1")
+    if args.first_seed < 0:
+        p.error("--first-seed must be >= 0")
     from . import config as C
     from .flags import parse_overrides
 
@@ -178,7 +182,7 @@ def main(argv) -> int:
     command = shlex.join(["freshper", "compare", *argv])
     if args.report_only and (out / "command.txt").exists():  # keep the command that made the runs
         command = (out / "command.txt").read_text().strip()
-    jobs = plan(out, args.env, arms, args.seeds, budget, given, taus, args.max_age)
+    jobs = plan(out, args.env, arms, args.seeds, budget, given, taus, args.max_age, args.first_seed)
     todo = [] if args.report_only else [j for j in jobs if j["cmd"]]
     if args.report_only and not all((j["run"] / "metrics.jsonl").exists() for j in jobs):
         p.error(f"--report-only: some runs in {out} have no metrics.jsonl yet")

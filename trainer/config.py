@@ -18,15 +18,17 @@ from pathlib import Path
 import yaml
 
 
-def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str):
+def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str, resume: bool = False):
     """A config field, declared once: its default, one line of help (--help and the docs), what
     it accepts (`choices`, a tuple or a `lazy` reference to the tuple in the code that implements
-    them; or `rule`, a predicate, with `allowed` saying in words what passes), and `bad`, a value
-    as typed on the command line that it must refuse (the validation tests try each)."""
+    them; or `rule`, a predicate, with `allowed` saying in words what passes), `bad`, a value
+    as typed on the command line that it must refuse (the validation tests try each), and
+    `resume`: whether `--resume` may change it (how long to train, where and how fast, what to
+    log and validate; never what the run's data, groups, seeds or folder are)."""
     if rule is not None and not allowed:
         raise TypeError("opt(rule=...) needs allowed=, the words an error shows")
     return field(default=default, metadata={"help": help, "choices": choices, "rule": rule, "allowed": allowed,
-                                            "bad": bad})
+                                            "bad": bad, "resume": resume})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +84,9 @@ class ModelConfig:
     dtype: str = opt("auto", "auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16",
         choices=("auto", "float32", "bfloat16"), bad='float8')
     attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager",
-        choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash')
+        choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash', resume=True)
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory",
-        bad='maybe')
+        bad='maybe', resume=True)
 
 
 @dataclass
@@ -162,7 +164,7 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     engine: str = opt("hf", "hf (transformers generate) | vllm (colocated vLLM)",
-        choices=("hf", "vllm"), bad='tgi')
+        choices=("hf", "vllm"), bad='tgi', resume=True)
     episodes: int = opt(32, "episodes per iteration",
         rule=lambda v: v > 0, allowed="> 0", bad='0')
     group_size: int = opt(4, "episodes per initial state (GRPO groups share a seed)",
@@ -178,9 +180,9 @@ class RolloutConfig:
     top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)",
         rule=lambda v: v >= 0, allowed=">= 0 (0: off)", bad='-1')
     gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache",
-        rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='1.5')
+        rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='1.5', resume=True)
     vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training",
-        bad='sometimes')
+        bad='sometimes', resume=True)
     image_bytes: int = opt(32768, "vision envs: bytes per trajectory for its images (PNG) in the replay buffer; an "
                                   "episode needing more is an error",
         rule=lambda v: 64 <= v <= 2**24, allowed="in [64, 16777216]", bad='8')
@@ -194,14 +196,14 @@ class RolloutConfig:
 class EvalConfig:
     every: int = opt(10, "validation before the rollout of every N-th iteration (0: none; iteration 0 is the "
                          "model before RL, the paper's code) and once after the last",
-        rule=lambda v: v >= 0, allowed=">= 0 (0: no evaluation)", bad='-1')
+        rule=lambda v: v >= 0, allowed=">= 0 (0: no evaluation)", bad='-1', resume=True)
     episodes: int = opt(32, "validation episodes, one per fixed initial state disjoint from training's",
-        rule=lambda v: v > 0, allowed="> 0", bad='0')
+        rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
     temperature: float = opt(0.99, "validation sampling temperature (the paper's code samples as in training; "
                                    "0: greedy); top_p and top_k are rollout's",
-        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: greedy)", bad='-0.5')
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: greedy)", bad='-0.5', resume=True)
     samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k",
-        rule=lambda v: 1 <= v <= 1024, allowed="in [1, 1024]", bad='0')
+        rule=lambda v: 1 <= v <= 1024, allowed="in [1, 1024]", bad='0', resume=True)
 
 
 @dataclass
@@ -303,13 +305,13 @@ class AlgoConfig:
     grad_clip: float = opt(1.0, "max gradient norm",
         rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
     micro_batch: int = opt(16, "episodes per forward/backward",
-        rule=lambda v: v > 0, allowed="> 0", bad='0')
+        rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
 
 
 @dataclass
 class TrainConfig:
     iterations: int = opt(80, "training iterations",
-        rule=lambda v: v > 0, allowed="> 0", bad='-1')
+        rule=lambda v: v > 0, allowed="> 0", bad='-1', resume=True)
     seed: int = opt(0, "seeds the model init, env maps, sampling and the buffer",
         rule=lambda v: 0 <= v < 2**31, allowed="in [0, 2^31)", bad='-3')
     run_dir: str = opt("runs", "parent folder of run folders",
@@ -318,11 +320,11 @@ class TrainConfig:
         rule=lambda v: v == "" or re.fullmatch(r"[\w.+=-]+", v) is not None and v not in (".", ".."),
         allowed="empty or a folder name of letters, digits and ._+=- (no path separators)", bad='a/b')
     device: str = opt("auto", "auto (cuda if available) | cpu | cuda",
-        choices=("auto", "cpu", "cuda"), bad='tpu')
+        choices=("auto", "cpu", "cuda"), bad='tpu', resume=True)
     checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)",
-        rule=lambda v: v > 0, allowed="> 0", bad='0')
+        rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk",
-        rule=lambda v: v > 0, allowed="> 0", bad='0')
+        rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
     sft_steps: int = opt(-1, "format warm start: supervised steps on well-formed *random* actions, for a model built "
                              "from scratch that cannot write the answer format (0: none; -1: auto, 60 for the tiny "
                              "model, 0 for a pretrained one, which would only be trained on noise)",
@@ -336,18 +338,18 @@ class TrainConfig:
     perception_lr: float = opt(1e-3, "perception warm-start learning rate",
         rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='2')
     env_step_budget: int = opt(0, "stop once this many env steps are spent (0: no budget)",
-        rule=lambda v: v >= 0, allowed=">= 0 (0: no budget)", bad='-5')
+        rule=lambda v: v >= 0, allowed=">= 0 (0: no budget)", bad='-5', resume=True)
     threads: int = opt(0, "torch CPU threads (0: torch's default)",
-        rule=lambda v: 0 <= v <= 1024, allowed="in [0, 1024] (0: torch's default)", bad='-1')
+        rule=lambda v: 0 <= v <= 1024, allowed="in [0, 1024] (0: torch's default)", bad='-1', resume=True)
     deterministic: bool = opt(False,
                              "GPU: deterministic torch/cuBLAS/flash-attn kernels, batch-invariant vLLM (slower)",
-        bad='mostly')
+        bad='mostly', resume=True)
     progress: bool = opt(True, "tqdm progress bar",
-        bad='often')
+        bad='often', resume=True)
     log_to: str = opt("", "trackers beside metrics.jsonl, comma-separated: tensorboard, wandb (WANDB_MODE=offline "
                           "works without a network); empty: none",
         rule=lambda v: all(s.strip() in ("tensorboard", "wandb") for s in v.split(",") if s.strip()),
-        allowed="empty or a comma-separated list of tensorboard, wandb", bad='mlflow')
+        allowed="empty or a comma-separated list of tensorboard, wandb", bad='mlflow', resume=True)
 
 
 @dataclass
@@ -549,6 +551,12 @@ def rules() -> dict[str, tuple[typing.Callable, str]]:
     return {k: (pred, allowed[k]) for k, pred in _declared("rule").items()}
 
 
+@functools.cache
+def resumable() -> tuple[str, ...]:
+    """The 'section.field' keys `--resume` may change, as declared (opt(resume=True))."""
+    return tuple(k for k, v in _declared("resume").items() if v)
+
+
 def invalid_examples() -> dict[str, str]:
     """{'section.field': a value it must refuse}, as declared."""
     return _declared("bad")
@@ -667,7 +675,9 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
                                  f"'{k}:\n  {next(iter(field_table_of(k)))}: ...', got {v!r}")
         apply(cfg, flatten(data), strict=True)
         given |= {resolve_key(k) for k in flatten(data)}
-        if run_config:
+        if run_config:  # an old run's file: its other environments' fields are dropped below, not refused
+            own = env_options(cfg.env.name)
+            given = {k for k in given if not k.startswith("env.") or k[4:] in own}
             unused = foreign_env_options(cfg.env)
             for k in unused:
                 setattr(cfg.env, k, getattr(EnvConfig(), k))
@@ -685,6 +695,12 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
         for k in foreign_env_options(cfg.env):
             if f"env.{k}" in PRESETS[preset] and f"env.{k}" not in given:
                 setattr(cfg.env, k, getattr(EnvConfig(), k))
+    own = env_options(cfg.env.name)
+    foreign = sorted(k for k in given if k.startswith("env.") and k[4:] not in own)
+    if foreign:  # given for another environment, at whatever value: it would be silently unused
+        raise ValueError(f"{foreign[0]}={getattr(cfg.env, foreign[0][4:])!r} is not an option of "
+                         f"env.name={cfg.env.name!r}; its options: "
+                         + ", ".join(f"env.{o}" for o in own[1:]))
     validate(cfg)
     missing = [k for k in PRESET_NEEDS.get(preset, ()) if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == ""]
     if missing:

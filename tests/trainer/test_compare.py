@@ -124,7 +124,7 @@ def test_arms_resolve_against_the_run_config(tmp_path):
 
 @pytest.mark.parametrize("flag,msg", [
     (["--train.threads", "1"], None),  # compare's own default: the user's value wins, no "given twice"
-    (["--train.seed", "3"], "use --seeds"),
+    (["--train.seed", "3"], "use --seeds and --first-seed"),
     (["--seed", "3"], "use --seeds"),
     (["--train.iterations", "5"], "use --budget"),
     (["--train.name", "x"], "use --name"),
@@ -149,3 +149,11 @@ def test_compare_flags_it_sets(tmp_path, capsys, monkeypatch, flag, msg):
         compare.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert msg in err[-1]
+
+
+def test_first_seed_moves_the_seeds(tmp_path):
+    from freshper.trainer.compare import plan
+
+    jobs = plan(tmp_path, "math-cpu", ["on-policy"], 2, 100, {}, None, first_seed=100)
+    assert [j["seed"] for j in jobs] == [100, 101] and jobs[0]["run"].name == "on-policy-s100"
+    assert "--train.seed=100" in jobs[0]["cmd"]

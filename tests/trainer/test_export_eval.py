@@ -78,12 +78,19 @@ def test_export_loads_in_vllm_with_the_trainers_logprobs(trained, tmp_path):
 
 def test_freshper_eval_on_a_run_and_on_a_model_folder(trained, capsys, tmp_path):
     tr, run = trained
-    assert main(["eval", str(run), "--episodes", "3", "--samples", "2", "--eval.temperature", "1.0"]) == 0
+    assert main(["eval", str(run), "--eval.episodes", "3", "--samples", "2", "--eval.temperature", "1.0"]) == 0
     out = capsys.readouterr().out
     assert "eval_success (avg@2)" in out and "eval_pass_at_2" in out and "± " in out
-    assert main(["eval", str(run / "final"), "--preset", "tiny", "--episodes", "2"]) == 0
+    assert main(["eval", str(run / "final"), "--preset", "tiny", "--eval.episodes", "2"]) == 0
     shown = capsys.readouterr().out
     assert "2 validation states x 1 replies" in shown and "± 0.000" not in shown  # 2 states: no zero-width interval
     with pytest.raises(SystemExit):
         main(["eval", str(tmp_path)])
     assert "neither a run folder" in capsys.readouterr().err
+    # one way to set each field: no abbreviation, no second flag for the same field
+    for argv, msg in [(["--sampl", "2"], "unknown config key 'sampl'"),
+                      (["--samples", "2", "--eval.samples", "3"], "given twice"),
+                      (["--episodes", "2"], "ambiguous")]:
+        with pytest.raises(SystemExit):
+            main(["eval", str(run), *argv])
+        assert msg in capsys.readouterr().err, argv

@@ -106,7 +106,7 @@ def test_a_freshper_run_trains_exports_and_evaluates(folder, tmp_path, capsys):
     assert moved > 0.9 * len(before), f"only {moved} of {len(before)} tensors changed"
     out = export(tmp_path / "run", tmp_path / "hf")
     assert (out / "tokenizer_config.json").exists()
-    assert main(["eval", str(out), "--preset", "smollm2-135m-math", "--episodes", "4", "--samples", "2",
+    assert main(["eval", str(out), "--preset", "smollm2-135m-math", "--eval.episodes", "4", "--samples", "2",
                  "--rollout.max_new_tokens", "16"]) == 0
     assert "4 validation states x 2 replies" in capsys.readouterr().out
 

@@ -158,7 +158,9 @@ def test_search_questions_need_passages_to_search(tmp_path):
 
 @pytest.mark.parametrize("env,key,value", [("frozenlake", "env.boxes", 2), ("math", "env.max_turns", 3),
                                            ("sokoban", "env.p_frozen", 0.5), ("search", "env.digits", 3),
-                                           ("geoqa", "env.top_k", 5), ("frozenlake-vlm", "env.prompts", "replay")])
+                                           ("geoqa", "env.top_k", 5), ("frozenlake-vlm", "env.prompts", "replay"),
+                                           # at its default value too: given is given (it would be unused)
+                                           ("frozenlake", "env.digits", 2), ("math", "env.size", 4)])
 def test_an_option_of_another_environment_is_named(env, key, value):
     with pytest.raises(ValueError, match=f"{key}={value!r} is not an option of env.name={env!r}"):
         C.load("tiny", None, {"env.name": env, key: value})
