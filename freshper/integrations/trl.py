@@ -64,6 +64,11 @@ TOKEN_SUMMED = ("dapo", "cispo", "vespo")
 _BUFFER_FILE = "freshper_buffer.safetensors"  # one process; rank r of several: freshper_buffer_rank{r}.safetensors
 
 
+# The per-token inputs of TRL's loss that a stored row carries: {TRL's key: (buffer field, pad)}.
+PER_TOKEN_STORED = {"sampling_per_token_logps": ("sampling_logp", 0.0),
+                    "importance_sampling_ratio": ("is_ratio", 1.0), "tool_mask": ("tool_mask", 1)}
+
+
 def _pad_to(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
     """(n, w) -> (n, max(w, width)), filled with `value` on the left (prompts) or right."""
     extra = width - t.size(1)
@@ -231,6 +236,8 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         if out.get("importance_sampling_ratio") is not None:  # vLLM correction: (B, T) per token or (B, 1)
             r = out["importance_sampling_ratio"].float()
             extra["is_ratio"] = _pad_to(r[:, :c], C, False, 1.0) if r.size(1) > 1 else r
+        if out.get("tool_mask") is not None:  # tool-calling completions: 0 on the tool's output tokens
+            extra["tool_mask"] = _pad_to(out["tool_mask"][:, :c].to(torch.int8), C, False, 1)
         self.replay_buffer.add(
             base.double(), step=self.state.global_step, **extra,
             prompt_ids=_pad_to(out["prompt_ids"], P, True, pad), prompt_mask=_pad_to(out["prompt_mask"], P, True, 0),
@@ -299,6 +306,8 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             inputs["sampling_per_token_logps"] = b.sampling_logp[:, :c1]
         if "is_ratio" in b.fields:
             inputs["importance_sampling_ratio"] = b.is_ratio[:, :c1] if b.is_ratio.size(1) > 1 else b.is_ratio
+        if "tool_mask" in b.fields:  # TRL's loss masks the tool's tokens with completion_mask * tool_mask
+            inputs["tool_mask"] = b.tool_mask[:, :c1].to(att.dtype)
         if self.beta != 0.0:
             if self.ref_model is None:
                 raise ValueError("beta > 0 needs a reference model for the replay steps' KL term (TRL made none: "
@@ -425,6 +434,28 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         new["completion_ids"][rows] = b.completion_ids[:, :C].to(new["completion_ids"].dtype)
         new["completion_mask"][rows] = b.completion_mask[:, :C].to(new["completion_mask"].dtype)
         new["old_per_token_logps"][rows] = b.logp[:, :C].to(new["old_per_token_logps"].dtype)
+        # Every other per-token input of a filled row is the stored row's (vLLM's log-probs and IS
+        # ratios, the tool mask) or, for the reference log-probs, recomputed: a row keeps nothing
+        # of the completion it replaced.
+        for key, (name, fill) in PER_TOKEN_STORED.items():
+            t = out.get(key)
+            if t is None:
+                continue
+            if name not in b.fields:
+                raise ValueError(f"replay_fill_zero_variance: this batch has {key} but the stored rows do not "
+                                 f"(stored before it was produced); they cannot fill its rows")
+            stored = getattr(b, name)
+            seq = key == "importance_sampling_ratio" and t.size(1) == 1  # one ratio per row
+            t = (t if seq else _pad_to(t, C, False, fill)).clone()  # never written into TRL's own tensor
+            t[rows] = stored[:, :1 if seq else C].to(t.dtype)
+            new[key] = t
+        if out.get("ref_per_token_logps") is not None:
+            ref = _pad_to(out["ref_per_token_logps"], C, False, 0.0).clone()
+            ids = torch.cat([new["prompt_ids"][rows], new["completion_ids"][rows]], 1)
+            att = torch.cat([new["prompt_mask"][rows], new["completion_mask"][rows]], 1)
+            with torch.no_grad():
+                ref[rows] = self.replay_logps(self.ref_model, ids, att, C, b).to(ref.dtype)
+            new["ref_per_token_logps"] = ref
         advantages = adv.clone()
         advantages[rows] = b.adv.to(adv.dtype)
         out = {**out, **new, "advantages": advantages,

@@ -106,3 +106,58 @@ def test_zero_variance_groups_are_filled_from_the_buffer(tmp_path, tiny_model_di
 def test_bad_replay_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="replay_mode"):
         FreshPERGRPOConfig(output_dir=str(tmp_path), replay_mode="lifo", use_cpu=True, report_to=[])
+
+
+def test_a_filled_row_keeps_nothing_of_the_row_it_replaced(tmp_path, tiny_model_dir):
+    """replay_fill_zero_variance with beta > 0, vLLM's ratios and log-probs and a tool mask: every
+    per-token input of a filled row is its stored row's, and its reference log-probs are
+    recomputed; the rows of groups with signal are untouched."""
+    tr = make(tmp_path, tiny_model_dir, beta=0.2, replay_fill_zero_variance=True, replay_updates=0)
+    g = torch.Generator().manual_seed(0)
+
+    def batch(n, p, c, base):
+        ids = torch.randint(5, 60, (n, p + c), generator=g)
+        return {"prompt_ids": ids[:, :p], "prompt_mask": torch.ones(n, p, dtype=torch.long),
+                "completion_ids": ids[:, p:], "completion_mask": torch.ones(n, c, dtype=torch.long),
+                "advantages": torch.zeros(n), "ref_per_token_logps": torch.full((n, c), -99.0),
+                "importance_sampling_ratio": base + torch.rand(n, c, generator=g),
+                "sampling_per_token_logps": -base - torch.rand(n, c, generator=g),
+                "tool_mask": (torch.rand(n, c, generator=g) > 0.3).long()}
+
+    stored = batch(4, 5, 6, 1.0)
+    stored["advantages"] = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    tr._rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    tr._store(stored, -torch.rand(4, 6, generator=g), tr._rewards)
+    assert {"is_ratio", "sampling_logp", "tool_mask"} <= set(tr.replay_buffer.field_names)
+    fresh = batch(4, 5, 6, 5.0)  # values no stored row has
+    fresh["advantages"] = torch.tensor([0.0, 0.0, 0.7, -0.7])  # group 0 flat, group 1 has signal
+    out = tr._fill_zero_variance(fresh, -torch.rand(4, 6, generator=g))
+    for r in (0, 1):  # filled: each per-token input is one stored row's, found by its completion
+        j = next(i for i in range(4) if torch.equal(out["completion_ids"][r, :6], stored["completion_ids"][i]))
+        for key in ("importance_sampling_ratio", "sampling_per_token_logps", "tool_mask"):
+            torch.testing.assert_close(out[key][r, :6], stored[key][j].to(out[key].dtype), msg=key)
+        assert out["advantages"][r] == stored["advantages"][j]
+        ids = torch.cat([out["prompt_ids"][r:r + 1], out["completion_ids"][r:r + 1]], 1)
+        att = torch.cat([out["prompt_mask"][r:r + 1], out["completion_mask"][r:r + 1]], 1)
+        with torch.no_grad():
+            ref = tr._get_per_token_logps_and_entropies(tr.ref_model, ids, att, out["completion_ids"].size(1))[0]
+        torch.testing.assert_close(out["ref_per_token_logps"][r], ref[0], atol=1e-5, rtol=1e-5)
+    for key in ("importance_sampling_ratio", "sampling_per_token_logps", "tool_mask", "ref_per_token_logps"):
+        torch.testing.assert_close(out[key][2:, :6], fresh[key][2:].to(out[key].dtype), msg=key)
+
+
+def test_a_replayed_tool_completion_keeps_its_tool_mask(tmp_path, tiny_model_dir):
+    """TRL's loss masks tool-output tokens with completion_mask * tool_mask: a replayed
+    tool-calling completion must bring its tool mask back, or it trains on the tool's tokens."""
+    tr = make(tmp_path, tiny_model_dir, replay_updates=1)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 60, (2, 9), generator=g)
+    out = {"prompt_ids": ids[:, :4], "prompt_mask": torch.ones(2, 4, dtype=torch.long),
+           "completion_ids": ids[:, 4:], "completion_mask": torch.ones(2, 5, dtype=torch.long),
+           "advantages": torch.tensor([1.0, -1.0]), "tool_mask": torch.tensor([[1, 0, 0, 1, 1], [1, 1, 1, 1, 1]])}
+    tr._store(out, -torch.rand(2, 5, generator=g), torch.tensor([1.0, 0.0]))
+    b = tr.replay_buffer.sample(2, step=0)
+    inputs = tr.replay_inputs(*tr._replay_batch(0, batch=b)[:3], b, torch.tensor(10.0))
+    for r in range(2):
+        j = 0 if torch.equal(inputs["completion_ids"][r], out["completion_ids"][0]) else 1
+        assert torch.equal(inputs["tool_mask"][r].long(), out["tool_mask"][j])

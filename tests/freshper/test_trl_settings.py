@@ -157,3 +157,70 @@ def test_replay_metrics_go_to_trls_log_under_replay(replayed):
     m = tr._metrics["train"]
     assert {"replay/loss", "replay/entropy", "replay/clip_ratio/region_mean", "replay/age_mean"} <= set(m)
     assert "entropy" not in m, "a replay step's metrics are not TRL's own step's"
+
+
+def per_row_sum(twin, tr, ids, att, c1, b, w):
+    """sum_i w_i * loss_i, loss_i TRL's loss with only row i's advantage kept: the IS-weighted loss
+    by definition, built without the integration's substitution of A_i by w_i * A_i."""
+    total = 0.0
+    for i in range(ids.size(0)):
+        inputs = trl_inputs(tr, ids, att, c1, b)
+        keep = torch.zeros_like(inputs["advantages"])
+        keep[i] = inputs["advantages"][i]
+        inputs["advantages"] = keep
+        total = total + w[i] * twin.compute_loss(tr.model, inputs)
+    return total
+
+
+@pytest.mark.parametrize("name", ["grpo", "sapo", "vespo", "off-policy-mask", "dapo"])
+def test_is_weights_weigh_each_completions_loss(replayed, name):
+    """With replay_is_weights and mixed-sign advantages, the replay loss and its gradients are the
+    weighted sum of per-row losses. sapo, vespo and the off-policy mask read an advantage's sign,
+    not only its scale, so a weighting that flipped or dropped a sign would fail here."""
+    tr, ids, att, c1, b = replayed(name)
+    saved = b.fields["adv"]
+    b.fields["adv"] = torch.tensor([0.9, -1.3, 0.4, -0.7, 1.1, -0.2], dtype=saved.dtype)
+    w = torch.tensor([1.0, 0.35, 0.8, 0.55, 0.2, 0.9])  # fixed here to differ row by row
+    weights, b.weights = b.weights, w
+    tr.args.replay_is_weights = True
+    try:
+        num_items = b.completion_mask[:, :c1].sum().float()
+        ours = loss_and_grads(tr.replay_loss(tr.replay_inputs(ids, att, c1, b, num_items))[0], tr.model)
+        twin = trl_twin(tr)
+        want = loss_and_grads(per_row_sum(twin, tr, ids, att, c1, b, w), tr.model)
+        flat = twin.compute_loss(tr.model, trl_inputs(tr, ids, att, c1, b)).detach()
+    finally:
+        tr.args.replay_is_weights = False
+        b.weights = weights
+        b.fields["adv"] = saved
+    torch.testing.assert_close(ours[0], want[0])
+    for g, h in zip(ours[1], want[1]):
+        torch.testing.assert_close(g, h)
+    assert not torch.allclose(want[0], flat, rtol=1e-4, atol=1e-7), "the weights change the loss"
+
+
+def test_vllm_ratios_and_sampling_logps_reach_the_replay_loss(replayed):
+    """docs/trl.md's vLLM row: a stored completion's IS ratios (vLLM against the trainer) and
+    vLLM's log-probs are the ones its replay step's loss uses, as TRL's own loss would on them."""
+    tr, ids, att, c1, b = replayed("off-policy-mask")
+    g = torch.Generator().manual_seed(0)
+    b.fields["is_ratio"] = 0.5 + torch.rand(b.logp.shape, generator=g)
+    b.fields["sampling_logp"] = b.logp - 0.3 * torch.rand(b.logp.shape, generator=g)
+    twins = []
+    try:
+        for t in (tr, trl_twin(tr)):
+            t.use_vllm, t.vllm_importance_sampling_correction = True, True
+            twins.append(t)
+        num_items = b.completion_mask[:, :c1].sum().float()
+        ours = tr.replay_loss(tr.replay_inputs(ids, att, c1, b, num_items))[0].detach()
+        inputs = trl_inputs(tr, ids, att, c1, b)
+        inputs.update(importance_sampling_ratio=b.is_ratio[:, :c1], sampling_per_token_logps=b.sampling_logp[:, :c1])
+        theirs = twins[1].compute_loss(tr.model, inputs).detach()
+        inputs["importance_sampling_ratio"] = torch.ones_like(inputs["importance_sampling_ratio"])
+        unratioed = twins[1].compute_loss(tr.model, inputs).detach()
+    finally:
+        for t in twins:
+            t.use_vllm = False
+        del b.fields["is_ratio"], b.fields["sampling_logp"]
+    torch.testing.assert_close(ours, theirs)
+    assert not torch.allclose(ours, unratioed, rtol=1e-4, atol=1e-7), "the injected ratios matter"
