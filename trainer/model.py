@@ -72,8 +72,8 @@ def tiny_model_dir(cfg: Config) -> Path:
         spec["image_pixels"] = cfg.env.image_pixels
     if cfg.env.prompts != "roll":  # the tokenizer is trained on the env's own wording
         spec["prompts"] = cfg.env.prompts
-    if cfg.env.name == "math" and (cfg.env.operands, cfg.env.operation) != (2, "add"):  # other problems' text
-        spec["problem"] = [cfg.env.operands, cfg.env.operation]
+    if cfg.env.name == "math" and (cfg.env.operands, cfg.env.operation, cfg.env.last_digits) != (2, "add", 0):
+        spec["problem"] = [cfg.env.operands, cfg.env.operation, cfg.env.last_digits]  # other problems' text
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     kind = "qwen2vl" if is_vision_env(cfg) else "qwen2"
     return cache_dir() / "models" / f"tiny-{kind}-{cfg.env.name}-{digest}"

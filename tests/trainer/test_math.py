@@ -204,9 +204,15 @@ def test_multiplication_and_option_errors():
 def test_a_small_held_out_fold_is_enumerated():
     from freshper.trainer.envs.math import held_out_list
 
-    fold = held_out_list(1, 2, 0.3)
+    fold = held_out_list((10, 10), 0.3)
     assert len(fold) == 31 and len(set(fold)) == 31
     env = make_env("math", digits=1, operation="multiply", held_out=0.3)
     questions = [env.reset(EVAL_SEED_BASE + i) for i in range(31)]
     assert len(set(questions)) == 31 and env.reset(EVAL_SEED_BASE + 31) == questions[0]
-    assert held_out_list(3, 3, 0.3) is None and held_out_list(1, 2, 0.0) is None
+    assert held_out_list((1000,) * 3, 0.3) is None and held_out_list((10, 10), 0.0) is None
+    env = make_env("math", digits=2, last_digits=1, operation="multiply", held_out=0.3)
+    import re
+
+    for i in range(50):
+        a, b = (int(x) for x in re.findall(r"\d+", env.reset(EVAL_SEED_BASE + i).split("?")[0]))
+        assert a < 100 and b < 10 and env.answer == str(a * b)

@@ -231,16 +231,17 @@ ENUMERATED = 100_000  # problem spaces up to this size list their held-out fold
 
 
 @functools.lru_cache(maxsize=16)
-def held_out_list(digits: int, operands: int, fraction: float) -> tuple[tuple[int, ...], ...] | None:
-    """Every problem of the held-out fold in a fixed shuffled order (seed 0), or None when there
-    is no split or the space has more than ENUMERATED problems (then validation draws at random).
+def held_out_list(sizes: tuple[int, ...], fraction: float) -> tuple[tuple[int, ...], ...] | None:
+    """Every problem of the held-out fold, operand i in range(sizes[i]), in a fixed shuffled order
+    (seed 0); None when there is no split or the space has more than ENUMERATED problems (then
+    validation draws at random).
     With one-digit operands the fold has a few dozen problems: eval.episodes = its length visits
     each once."""
     import itertools
 
-    if not fraction or (10 ** digits) ** operands > ENUMERATED:
+    if not fraction or math.prod(sizes) > ENUMERATED:
         return None
-    fold = [t for t in itertools.product(range(10 ** digits), repeat=operands) if is_held_out(list(t), fraction)]
+    fold = [t for t in itertools.product(*(range(n) for n in sizes)) if is_held_out(list(t), fraction)]
     random.Random(0).shuffle(fold)
     return tuple(fold)
 
@@ -252,11 +253,12 @@ class Math(BoxedQuestion):
 
     OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
                "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer",
-               "operands": "operands", "operation": "operation", "held_out": "held_out"}
+               "operands": "operands", "operation": "operation", "held_out": "held_out",
+               "last_digits": "last_digits"}
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
                  question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed",
-                 operands: int = 2, operation: str = "add", held_out: float = 0.0):
+                 operands: int = 2, operation: str = "add", held_out: float = 0.0, last_digits: int = 0):
         super().__init__(1, format_penalty)
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
@@ -266,8 +268,11 @@ class Math(BoxedQuestion):
             raise ValueError(f"operands must be in [2, 4], got {operands!r}")
         if not 0 <= held_out < 1:
             raise ValueError(f"held_out must be in [0, 1), got {held_out!r}")
+        if not 0 <= last_digits <= 9:
+            raise ValueError(f"last_digits must be in [0, 9] (0: digits), got {last_digits!r}")
         self.digits, self.scorer, self.operands, self.operation, self.held_out_frac = (
             digits, scorer, operands, operation, held_out)
+        self.last_digits = last_digits
         self.train, self.held_out = (), ()
         if data:
             rows = load_problems(data, question_key, answer_key)
@@ -285,18 +290,23 @@ class Math(BoxedQuestion):
         """`operands` terms of `digits` digits each drawn from `seed`, summed or multiplied; with
         `held_out` > 0, redrawn until the problem is in the fold the seed asks for (training
         seeds: the training fold; seeds >= EVAL_SEED_BASE: the held-out fold)."""
-        rng, n = random.Random(seed), 10 ** self.digits
+        rng, sizes = random.Random(seed), self._sizes()
         sign, fold = OPERATIONS[self.operation]
         want = seed >= EVAL_SEED_BASE
-        listed = held_out_list(self.digits, self.operands, self.held_out_frac) if want else None
+        listed = held_out_list(sizes, self.held_out_frac) if want else None
         if listed:  # a small held-out fold is enumerated: eval seeds base + i cover it in turn
             terms = list(listed[(seed - EVAL_SEED_BASE) % len(listed)])
         else:
             while True:
-                terms = [rng.randrange(n) for _ in range(self.operands)]
+                terms = [rng.randrange(n) for n in sizes]
                 if not self.held_out_frac or is_held_out(terms, self.held_out_frac) == want:
                     break
         return f"What is {f' {sign} '.join(map(str, terms))}?", str(fold(terms))
+
+    def _sizes(self) -> tuple[int, ...]:
+        """How many values each operand takes: 10^digits, the last 10^last_digits if set."""
+        last = self.last_digits or self.digits
+        return (10 ** self.digits,) * (self.operands - 1) + (10 ** last,)
 
     def _reset(self, seed: int) -> None:
         if not self.train:
