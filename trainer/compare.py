@@ -46,11 +46,22 @@ ARMS = {
     "freshper-stored": {"algo.mode": "freshper", "algo.replay_advantage": "stored"},
     "freshper-max": {"algo.mode": "freshper", "algo.insert_priority": "max"},
 }
-ENV_PRESETS = {"frozenlake": ("frozenlake", 12_000), "sokoban-simple": ("sokoban-simple", 20_000),
-               "sokoban-hard": ("sokoban-hard", 30_000), "math-cpu": ("math-cpu", 12_800),
-               "frozenlake-vlm-cpu": ("frozenlake-vlm-cpu", 12_000), "geoqa-cpu": ("geoqa-cpu", 12_800),
-               "search-cpu": ("search-cpu", 20_000), "sokoban-vlm-cpu": ("sokoban-vlm-cpu", 20_000),
-               "smollm2-135m-math": ("smollm2-135m-math", 800)}
+# The env-step budget of a comparison on the CPU presets, where the preset's own iterations are
+# not the comparison's; any other preset (the GPU presets, the paper's settings) defaults to its
+# own train.iterations x rollout.episodes.
+BUDGETS = {"frozenlake": 12_000, "sokoban-simple": 20_000, "sokoban-hard": 30_000, "math-cpu": 12_800,
+           "frozenlake-vlm-cpu": 12_000, "geoqa-cpu": 12_800, "search-cpu": 20_000, "sokoban-vlm-cpu": 20_000,
+           "smollm2-135m-math": 800, "smollm2-135m-multiply": 480}
+
+
+def default_budget(preset: str) -> int:
+    """The env steps a comparison on `preset` spends per run unless --budget says otherwise."""
+    from . import config as C
+
+    if preset in BUDGETS:
+        return BUDGETS[preset]
+    cfg = C.apply(C.Config(), C.PRESETS[preset])  # the preset's values (its data files may be missing here)
+    return cfg.train.iterations * cfg.rollout.episodes
 
 
 def _run_one(cmd: list[str], log_path: Path) -> int:
@@ -101,7 +112,7 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     user's pass-through overrides, {'section.field': value}, applied to every run."""
     from . import config as C
 
-    preset = ENV_PRESETS[env][0]
+    preset = env
     cfg = C.load(preset, None, given)
     jobs = []
     variants = [(a, None) for a in arms] if not taus else [(arms[0], t) for t in taus]
@@ -126,12 +137,14 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     return jobs
 
 
-def main(argv) -> int:
-    p = argparse.ArgumentParser(prog="freshper compare", description=__doc__.split("\n\n")[0],
+def parse(argv: list[str]):
+    """(parser, args, arms, taus, given) of a compare command line; every check that can fail is made here,
+    before a folder is made or a run starts (an error exits through argparse, one line)."""
+    p = argparse.ArgumentParser(prog="freshper compare", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="Other --section.field VALUE arguments are passed to every run.")
     p.add_argument("--preset", "--env", dest="env", default="frozenlake",
-                   help=f"the task, a preset with a comparison budget: one of {list(ENV_PRESETS)} (--env is the "
-                        "old spelling)")
+                   help="the task: any preset of freshper train (--env is the old spelling); the budget defaults to "
+                        f"{BUDGETS} on those, else the preset's train.iterations x rollout.episodes")
     p.add_argument("--keep-weights", action="store_true",
                    help="keep each finished run's checkpoints/ and final/ (by default removed once the run is DONE: "
                         "a pretrained model's checkpoint is over 1 GB, the comparison needs the metrics)")
@@ -148,8 +161,10 @@ def main(argv) -> int:
     p.add_argument("--max-age", type=int, default=4,
                    help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
     args, extra = p.parse_known_args(argv)
-    if args.env not in ENV_PRESETS:
-        p.error(f"--preset must be one of {list(ENV_PRESETS)}, got {args.env!r}")
+    from . import config as C
+
+    if args.env not in C.PRESETS:
+        p.error(f"--preset must be one of {list(C.PRESETS)}, got {args.env!r}")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
@@ -166,16 +181,20 @@ def main(argv) -> int:
         p.error("--seeds, --parallel and --max-age must be >= 1")
     if args.first_seed < 0:
         p.error("--first-seed must be >= 0")
-    from . import config as C
     from .flags import parse_overrides
 
     try:  # fail on a bad or conflicting pass-through override now, not in every child
         given = {C.resolve_key(k): v for k, v in parse_overrides(extra).items()}
         check_overrides(arms, given, taus)
-        C.load(ENV_PRESETS[args.env][0], None, given)
+        C.load(args.env, None, given)
     except ValueError as e:
         p.error(str(e))
-    budget = args.budget or ENV_PRESETS[args.env][1]
+    return p, args, arms, taus, given
+
+
+def main(argv) -> int:
+    p, args, arms, taus, given = parse(argv)
+    budget = args.budget or default_budget(args.env)
     name = args.name or (args.env + ("-tau-sweep" if taus else ""))
     out = Path(args.run_dir) / f"compare-{name}"
     out.mkdir(parents=True, exist_ok=True)

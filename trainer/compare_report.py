@@ -230,11 +230,24 @@ def paired_table(base: str, diffs: dict) -> str:
     return "\n".join(lines)
 
 
+def with_updates(rows: list[dict], run: Path) -> list[dict]:
+    """Rows with the cumulative optimizer steps ("updates"); runs from before the trainer logged it
+    get it from their config.yaml: algo.onpolicy_passes (1 before it existed) plus K replay updates
+    (0 on-policy) per iteration."""
+    if not rows or all("updates" in r for r in rows):
+        return rows
+    import yaml
+
+    algo = yaml.safe_load((Path(run) / "config.yaml").read_text())["algo"]
+    per = algo.get("onpolicy_passes", 1) + (0 if algo["mode"] == "on-policy" else algo["replay_updates"])
+    return [{**r, "updates": per * (i + 1)} for i, r in enumerate(rows)]
+
+
 def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) -> str:
     """Write table.md, results.json, curves.png and command.txt into `out`; return the tables."""
     by_label: dict[str, list] = {}
     for j in jobs:
-        rows = read(j["run"])
+        rows = with_updates(read(j["run"]), j["run"])
         by_label.setdefault(j["label"], []).append((j, rows, summarize(rows, budget)))
     table, summary = tables(by_label)
     diffs = paired(by_label)
