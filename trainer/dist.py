@@ -15,6 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# A rank's own sampling streams are seeded at train.seed + RANK_SEED_STRIDE * rank (more than any
+# seed a sweep uses, so no two (seed, rank) pairs share a stream); rank 0's are a single run's.
+RANK_SEED_STRIDE = 104_729
+
 
 @dataclass
 class Dist:

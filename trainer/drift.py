@@ -1,8 +1,11 @@
 """Adaptive tau for the freshper-auto arm: the decay time set from measured policy drift.
 
-Every replay update sees, for each replayed trajectory of age Δ (iterations since it was
-collected), its stored behaviour log-probs log mu and the current log-probs log pi of the same
-tokens. The mean of log mu - log pi over the trajectory's response tokens estimates the
+Every replay update sees, for each replayed trajectory of age Δ (iterations since it entered
+the buffer), its stored behaviour log-probs log mu and the current log-probs log pi of the same
+tokens. Δ and mu belong together: mu is the policy at the update that stored the trajectory
+(algo.behaviour_logp), which under rollout.lag 1 is one update after the weights that generated
+it; the loop logs that generation age apart (replay_gen_age_*), one iteration more. The mean
+of log mu - log pi over the trajectory's response tokens estimates the
 per-token KL(mu || pi), which grows with age: KL(Δ) ≈ r·Δ. A least-squares line through the
 origin gives the drift rate r for the iteration; an exponential moving average smooths it.
 

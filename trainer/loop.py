@@ -35,7 +35,7 @@ from freshper.profiling.nvtx import Phases
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
 from .config import Config, buffer_insert, sft_steps, to_yaml
-from .dist import SINGLE, Dist
+from .dist import RANK_SEED_STRIDE, SINGLE, Dist
 from .drift import DriftTau
 from .engines import Sampling, make_engine
 from .envs import make_env
@@ -87,7 +87,7 @@ def signal_rows(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> t
 
 # What each replayed row contributes to a replay update's statistics, in this order; its
 # signal_rows follow.
-REPLAY_ROW_COLUMNS = ("weight", "age", "kl", "kl_k1")
+REPLAY_ROW_COLUMNS = ("weight", "age", "kl", "kl_k1", "gen_age")
 
 
 def replay_signal(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +168,7 @@ class Trainer:
             self._warm_starts()
         gen_model = self._make_policy()
         if dist.on:  # each rank samples its own episodes: its own streams (rank 0's are a single run's)
-            seed_everything(cfg.train.seed + 104_729 * dist.rank)
+            seed_everything(cfg.train.seed + RANK_SEED_STRIDE * dist.rank)
         self.phase = Phases()
         r = cfg.rollout
         self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
@@ -269,7 +269,7 @@ class Trainer:
             self.drift.load(state["drift"])
         if state.get("world_size", 1) != dist.world:
             # the ranks' sampling streams cannot continue the old ones: new ones, fixed by (seed, iteration)
-            seed_everything(cfg.train.seed + 104_729 * dist.rank + 15_485_863 * self.iteration)
+            seed_everything(cfg.train.seed + RANK_SEED_STRIDE * dist.rank + 15_485_863 * self.iteration)
         log.info("resumed from %s (iteration %d, %d env steps, saved by %d rank(s), resumed by %d)", path,
                  self.iteration, self.env_steps, state.get("world_size", 1), dist.world)
         return sampler_rng
@@ -375,10 +375,10 @@ class Trainer:
             with P("eval"):
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
         _, first = self._my_groups(it)
-        lag = int(self.pending is not None)  # updates between the batch's weights and these
+        batch_lag = int(self.pending is not None)  # updates between this batch's weights and these (0 or 1)
         with P("rollout"):
             self.engine.wake()
-            ep = self.pending if lag else self._rollout(it)
+            ep = self.pending if batch_lag else self._rollout(it)
             self.pending = None
             env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
             last = self._finished(it + 1, self.env_steps + env_steps)
@@ -415,11 +415,14 @@ class Trainer:
                 a = cfg.algo
                 behaviour = (old_logp if a.behaviour_logp == "before"
                              else self.policy.logprobs(tokens, mask, vision=ep.vision))
-                images = {}
+                images = {}  # the optional fields
                 if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
                     from freshper.images import pack_pngs
 
                     images["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
+                names = self.buffer.field_names
+                if not names or "gen_lag" in names:  # a buffer resumed from before gen_lag goes on without it
+                    images["gen_lag"] = torch.full((len(ep),), batch_lag, dtype=torch.int8, device=dev)
                 self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
                                 old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
                                 adv=adv, **images)
@@ -440,7 +443,7 @@ class Trainer:
             "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
             "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
-            "gen_tokens": ep.gen_tokens, "rollout_lag": lag, "loss": on["loss"], "clip_frac": on["clip_frac"],
+            "gen_tokens": ep.gen_tokens, "rollout_lag": batch_lag, "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             **logp_check, "weight_sync_s": sync_s,
             "updates": self.policy.sched.last_epoch, **extra_passes,
@@ -472,8 +475,11 @@ class Trainer:
                 st = self.policy.update(b.tokens, b.mask, b.old_logp, tok_adv, b.weights if a.is_weights else None,
                                         b.engine_logp, vision=self._replayed_images(b))
             # per replayed row, gathered over the ranks: what the batch-level statistics need
+            # the age since the weights that generated it (older checkpoints kept no gen_lag: 0)
+            gen_age = b.age.double() + (b.gen_lag.double() if "gen_lag" in b.fields else 0.0)
             per_row = self.dist.cat(torch.cat([torch.stack([b.weights.double(), b.age.double(),
-                                                            st["row_kl"].double(), st["row_kl1"].double()], 1),
+                                                            st["row_kl"].double(), st["row_kl1"].double(),
+                                                            gen_age], 1),
                                                signal_rows(b.group, adv, b.mask)], 1))
             col = dict(zip(REPLAY_ROW_COLUMNS, per_row[:, :len(REPLAY_ROW_COLUMNS)].T))
             age, kl = col["age"], col["kl"]
@@ -488,14 +494,16 @@ class Trainer:
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
             singletons, adv_nonzero = replay_signal(per_row[:, len(REPLAY_ROW_COLUMNS):])
             stats = torch.stack([ess_fraction(col["weight"]), age.mean(), age.max(), kl.mean(), col["kl_k1"].mean(),
-                                 singletons, adv_nonzero]).tolist()
+                                 singletons, adv_nonzero, col["gen_age"].mean(), col["gen_age"].max()]).tolist()
             rows.append({"is_ess": stats[0], "replay_age_mean": stats[1], "replay_age_max": stats[2],
+                         "replay_gen_age_mean": stats[7], "replay_gen_age_max": stats[8],
                          "replay_kl": stats[3], "replay_kl_k1": stats[4], "replay_singleton_frac": stats[5],
                          "replay_adv_nonzero_frac": stats[6], "replay_loss": st["loss"],
                          "replay_clip_frac": st["clip_frac"], "replay_ratio_mean": st["ratio_mean"],
                          "replay_rows": per_row.shape[0]})
         out = {n: sum(r[n] for r in rows) / len(rows) for n in rows[0]}
         out["replay_age_max"] = max(r["replay_age_max"] for r in rows)
+        out["replay_gen_age_max"] = max(r["replay_gen_age_max"] for r in rows)
         sums, counts = bins.cpu().tolist()
         # {lowest age of the bin: [mean KL(mu || pi) per token, trajectories]}: the KL-vs-age data
         out["replay_kl_by_age"] = {str(0 if i == 0 else 2 ** (i - 1)): [round(sums[i] / counts[i], 6), int(counts[i])]

@@ -83,3 +83,15 @@ def test_a_pending_batch_resumes_only_at_its_number_of_ranks(tmp_path):
         ckpt.load_pending(path)
     (path / "state.json").write_text('{"world_size": 1, "iteration": 1}')
     assert ckpt.load_pending(path) is None
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_replay_logs_the_age_since_generation(tmp_path, lag):
+    """Under lag 1 a batch enters the buffer one update after the weights that generated it: the
+    generation age is the buffer age plus that one (except the first batch, generated in place)."""
+    tr = Trainer(config.load("tiny", None, {**OVER, "rollout.lag": lag, "train.iterations": 4}), tmp_path / "run")
+    rows = tr.run()
+    b = tr.buffer.sample(64, step=tr.iteration)
+    assert torch.equal(b.gen_lag.long(), (b.birth > 0).long() * lag)
+    gaps = [r["replay_gen_age_mean"] - r["replay_age_mean"] for r in rows]
+    assert all(0 <= g <= lag for g in gaps) and (max(gaps) > 0) == bool(lag), gaps

@@ -38,6 +38,7 @@ import time
 
 import torch
 
+from ..dist import RANK_SEED_STRIDE
 from ..model import is_vision_env, pick_dtype, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 
@@ -169,7 +170,7 @@ class VLLMEngine(Engine):
             # trainer's process group as vLLM's "external launcher" does, each with its own seed.
             rank = int(os.environ.get("RANK", "0"))
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
-                          seed=cfg.train.seed + 104_729 * rank)
+                          seed=cfg.train.seed + RANK_SEED_STRIDE * rank)
         t0 = time.perf_counter()
         with _llvmlite_hidden_from_vllm_scan():
             self.llm = vllm.LLM(**kwargs)
