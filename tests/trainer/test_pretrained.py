@@ -62,6 +62,35 @@ def test_converted_folder_is_cached_and_equals_the_gguf_model(folder, monkeypatc
         assert torch.equal(ours(ids).logits, ref(ids).logits)  # the same float32 weights: bit for bit
 
 
+def test_the_cache_key_hashes_once_and_names_the_converter(folder, monkeypatch):
+    """The GGUF is hashed once per process (not by every caller); the key holds the converter's
+    version, so a changed conversion is not served an old folder."""
+    pretrained._sha256.cache_clear()
+    for _ in range(3):
+        assert pretrained.folder("smollm2-135m") == folder
+    assert pretrained._sha256.cache_info().misses == 1
+    assert folder.name.endswith(f"-c{pretrained.CONVERTER_VERSION}")
+    monkeypatch.setattr(pretrained, "CONVERTER_VERSION", pretrained.CONVERTER_VERSION + 1)
+    assert pretrained.folder_path("smollm2-135m") != folder
+
+
+def test_save_atomic_raises_unless_another_process_wrote_the_folder(tmp_path, monkeypatch):
+    class Saves:
+        def save_pretrained(self, path, **kw):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.json").write_text("{}")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(pretrained.os, "replace", refuse)
+    with pytest.raises(PermissionError):
+        pretrained.save_atomic(Saves(), Saves(), tmp_path / "m")
+    assert not list(tmp_path.iterdir()), "the temporary folder is removed"
+    Saves().save_pretrained(tmp_path / "m")  # another process got there first: its folder is kept
+    assert pretrained.save_atomic(Saves(), Saves(), tmp_path / "m") == tmp_path / "m"
+
+
 def test_pretrained_model_gets_no_format_warm_start():
     cfg = config.load("smollm2-135m-math")
     assert config.sft_steps(cfg) == 0 and config.sft_steps(config.load("tiny", None, {"train.sft_steps": -1})) == 60

@@ -3,7 +3,9 @@ colocated vLLM (vllm). `make_engine` imports the one asked for."""
 from .base import Engine, Generation, Sampling
 
 
-def make_engine(kind: str, model, tokenizer, cfg, device) -> Engine:
+def make_engine(kind: str, model, tokenizer, cfg, device, model_path: str | None = None) -> Engine:
+    """The engine `kind` generating with `model`; `model_path`: the folder the trainer loaded it
+    from (vLLM loads the architecture from it; None: found again from cfg)."""
     if kind == "hf":
         from .hf import HFEngine
 
@@ -11,7 +13,7 @@ def make_engine(kind: str, model, tokenizer, cfg, device) -> Engine:
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, cfg, device)
+        return VLLMEngine(model, tokenizer, cfg, device, model_path=model_path)
     raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {kind!r}")
 
 
