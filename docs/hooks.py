@@ -33,17 +33,23 @@ def _cell(text: str) -> str:
 
 
 def options_reference() -> str:
-    """One table per config section: key, type, default, allowed values, help."""
+    """One table per config section: key, type, the value `freshper train` runs with (the default
+    preset's), allowed values, whether --resume may change it, help; env.* options also name the
+    environments that take them."""
     from freshper.trainer import config as C
+    from freshper.trainer.cli import DEFAULT_PRESET
+    from freshper.trainer.envs import ENVS
+    from freshper.trainer.flags import preset_values
 
     table, rules, choice = C.field_table(), C.rules(), C.choices()
+    runs_with, resumable = preset_values(DEFAULT_PRESET), set(C.resumable())
     out, section = [], None
     for key, (typ, default, text) in table.items():
         sec = key.split(".", 1)[0]
         if sec != section:
             section = sec
-            out += ["", f"### {sec}", "", "| option | type | default | allowed | what it does |",
-                    "|---|---|---|---|---|"]
+            head = "| option | type | `freshper train` runs with | allowed | --resume | what it does |"
+            out += ["", f"### {sec}", "", head, "|---|---|---|---|---|---|"]
         if key in choice:
             allowed = " \\| ".join(f"`{c}`" for c in choice[key])
         elif key in rules:
@@ -52,6 +58,13 @@ def options_reference() -> str:
             allowed = "true, false"
         else:
             allowed = "any"
-        shown = f"`{default!r}`" if not isinstance(default, str) else f"`\"{default}\"`"
-        out.append(f"| `--{key}` | {typ.__name__} | {_cell(shown)} | {_cell(allowed)} | {_cell(text)} |")
+        value = runs_with.get(key, default)
+        shown = f"`{value!r}`" if not isinstance(value, str) else f"`\"{value}\"`"
+        if value != default:
+            shown += f" (the dataclass: `{default!r}`)"
+        if sec == "env" and key != "env.name":
+            takers = [name for name, cls in ENVS.items() if key[4:] in cls.OPTIONS]
+            text = f"{text} [{', '.join(takers)}]"
+        can = "may change" if key in resumable else "—"
+        out.append(f"| `--{key}` | {typ.__name__} | {_cell(shown)} | {_cell(allowed)} | {can} | {_cell(text)} |")
     return "\n".join(out) + "\n"
