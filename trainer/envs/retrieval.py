@@ -9,7 +9,7 @@ top-k passages {id, title, text}, best first (an empty list when nothing matches
   `serve` below is a small one (standard library HTTP, one retriever behind a lock); the client
   also reads Search-R1's own server's replies ({"document": {"contents": '"title"\\ntext'}}).
 
-    python -m freshper.trainer.envs.retrieval serve --corpus wiki.jsonl [--retriever e5:DIR] --port 8000
+    python -m freshper.trainer.envs.retrieval serve --corpus wiki.jsonl [--retriever e5:DIR] --port 8100
     python -m freshper.trainer.envs.retrieval dense-index --corpus wiki.jsonl --encoder E5_DIR --out DIR
 """
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _passage(item: dict) -> dict:
     return out
 
 
-def serve(retriever, host: str = "127.0.0.1", port: int = 8000):
+def serve(retriever, host: str = "127.0.0.1", port: int = 8100):
     """An HTTP server answering POST /retrieve with `retriever` (one search at a time); returns
     the server (call serve_forever, or shutdown)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -271,7 +271,7 @@ def main(argv=None) -> None:
     s.add_argument("--corpus", required=True)
     s.add_argument("--retriever", default="bm25", help="bm25 | e5:DIR")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8100)
     d = sub.add_parser("dense-index", help="encode a corpus into a FAISS index")
     d.add_argument("--corpus", required=True)
     d.add_argument("--encoder", required=True, help="a local E5-style model folder (e.g. intfloat/e5-base-v2)")
