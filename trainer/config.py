@@ -46,7 +46,6 @@ class lazy:
 
 
 ENV_NAMES = ("frozenlake", "sokoban", "math", "search", "frozenlake-vlm", "sokoban-vlm", "geoqa")
-VISION_ENVS = ("frozenlake-vlm", "sokoban-vlm", "geoqa")  # they show images: a vision-language model's
 INSERT_PRIORITIES = ("auto", "max", "max-one-step", "own")  # the library's names (freshper.buffer.INSERTS)
 MATH_SCORERS = ("verify", "boxed", "last-number")  # envs/math.py's SCORERS (a test holds the two equal)
 
@@ -92,8 +91,18 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     name: str = opt("frozenlake", "frozenlake | sokoban | math | search | frozenlake-vlm, sokoban-vlm (the board as "
-                                  "a picture) | geoqa (geometry figures); the last three need a vision-language model",
-        choices=ENV_NAMES, bad='chess')
+                                  "a picture) | geoqa (geometry figures); the last three need a vision-language model; "
+                                  "or your own environment class as package.module:Class (docs/own-task.md)",
+        rule=lambda v: v in ENV_NAMES or re.fullmatch(r"[\w.]+:\w+", v) is not None,
+        allowed=f"one of {ENV_NAMES} or package.module:Class", bad='chess')
+    kwargs: str = opt("", "your own environment's constructor keywords as a YAML mapping, e.g. \"{target: 24, "
+                          "max_numbers: 4}\" (each checked against the class's signature and its default's type)",
+        rule=lambda v: v == "" or v.lstrip().startswith("{"), allowed="empty or a YAML mapping {key: value, ...}",
+        bad='target=3')
+    reward: str = opt("", "math: your reward function as package.module:function, called as f(reply, answer) -> "
+                          "float in place of env.scorer (no format penalty); empty: env.scorer",
+        rule=lambda v: v == "" or re.fullmatch(r"[\w.]+:\w+", v) is not None,
+        allowed="empty or package.module:function", bad='my_reward')
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)",
         rule=lambda v: 1 <= v <= 1000, allowed="in [1, 1000]", bad='0')
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse",
@@ -742,10 +751,48 @@ def check_field(key: str, value) -> None:
 
 
 def env_options(name: str) -> tuple[str, ...]:
-    """The env.* fields environment `name` declares (its class's OPTIONS in trainer/envs/)."""
-    from .envs import ENVS
+    """The env.* fields environment `name` declares (its class's OPTIONS in trainer/envs/; an
+    environment defined outside the package takes env.kwargs too)."""
+    from .envs import env_class
 
-    return ("name", *ENVS[name].OPTIONS)
+    own = ("kwargs",) if name not in ENV_NAMES else ()
+    return ("name", *env_class(name).OPTIONS, *own)
+
+
+def user_env_kwargs(env: "EnvConfig") -> dict:
+    """env.kwargs of an environment defined outside the package, parsed and checked against its
+    constructor: every key a parameter, every value of its default's type. ValueError naming the
+    key and what the class takes."""
+    if not env.kwargs:
+        return {}
+    import inspect
+
+    from .envs import env_class
+
+    cls = env_class(env.name)
+    try:
+        given = yaml.load(env.kwargs, Loader=_Loader)
+    except yaml.YAMLError:
+        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}")
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    taken = set(cls.OPTIONS.values())  # keywords the config's own env.* fields already feed
+    open_ = [k for k, p in params.items() if k not in taken and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    out = {}
+    for k, v in given.items():
+        if k not in open_:
+            raise ValueError(f"env.kwargs: {k!r} is not a keyword of {cls.__name__}; it takes {', '.join(open_)}")
+        default = params[k].default
+        if default is not inspect.Parameter.empty and default is not None:
+            typ = type(default)
+            if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+                raise ValueError(f"env.kwargs: {k} must be {_TYPE_WORDS.get(typ, typ.__name__)} (its default is "
+                                 f"{default!r}), got {v!r}")
+        out[k] = v
+    return out
 
 
 def foreign_env_options(env: EnvConfig) -> dict[str, object]:
@@ -786,6 +833,7 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
                          f"env.name={cfg.env.name!r}")
     check_env_options(cfg.env)
+    user_env_kwargs(cfg.env)  # your own environment's keywords, checked before anything runs
     if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")

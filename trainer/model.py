@@ -19,7 +19,7 @@ import torch
 
 from .chat import SYSTEM
 from .config import Config
-from .envs import ENVS, make_env
+from .envs import env_class, make_env
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
 
@@ -31,15 +31,19 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def env_kwargs(cfg: Config) -> dict:
-    """The environment's constructor keywords, from the env options it declares."""
-    return ENVS[cfg.env.name].config_kwargs(cfg.env)
+    """The environment's constructor keywords: from the env options it declares, and for an
+    environment defined outside the package its own keywords (env.kwargs)."""
+    from .config import user_env_kwargs
+
+    cls = env_class(cfg.env.name)
+    return {**cls.config_kwargs(cfg.env), **user_env_kwargs(cfg.env)}
 
 
 def is_vision_env(cfg: Config) -> bool:
     """Whether cfg's environment shows images (it needs a vision-language model)."""
-    from .envs import ENVS
+    from .envs import env_class
 
-    return ENVS[cfg.env.name].vision
+    return env_class(cfg.env.name).vision
 
 
 def corpus(cfg: Config, n_states: int = 300) -> list[str]:

@@ -110,6 +110,7 @@ def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
         env_help = out[out.index("--env.name"):out.index("--env.max_turns")]
         start = out.index("--train.iterations")
         iters_help = out[start:out.index("\n  --", start)]
+        env_help, iters_help = " ".join(env_help.split()), " ".join(iters_help.split())  # wrapped lines
         assert f"default {want[0]}" in env_help and f"(default {want[1]})" in iters_help
 
 
@@ -186,7 +187,7 @@ def test_each_environment_declares_options_its_constructor_takes():
         params = inspect.signature(cls.__init__).parameters
         assert set(env_kwargs(cfg)) <= set(params), name
     assert C.env_options("math") == ("name", "format_penalty", "data", "eval_data", "question_key", "answer_key",
-                                     "digits", "scorer", "operands", "operation", "held_out", "last_digits")
+                                     "digits", "scorer", "operands", "operation", "held_out", "last_digits", "reward")
 
 
 def test_a_run_config_holds_its_environments_options_only_and_an_older_one_still_resumes(tmp_path, caplog):

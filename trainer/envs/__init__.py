@@ -1,5 +1,5 @@
 """Text environments for multi-turn agent RL, behind one registry."""
-from .base import ENVS, StepResult, TextEnv, make_env, parse_action
+from .base import ENVS, QuestionEnv, StepResult, TextEnv, env_class, make_env, parse_action
 from .frozenlake import FrozenLake
 from .geoqa import GeoQA
 from .math import Math
@@ -7,5 +7,5 @@ from .picture_games import FrozenLakeVLM, SokobanVLM
 from .search import Search
 from .sokoban import Sokoban
 
-__all__ = ["ENVS", "StepResult", "TextEnv", "make_env", "parse_action", "FrozenLake", "FrozenLakeVLM", "GeoQA", "Math",
-           "Search", "Sokoban", "SokobanVLM"]
+__all__ = ["ENVS", "QuestionEnv", "StepResult", "TextEnv", "env_class", "make_env", "parse_action", "FrozenLake",
+           "FrozenLakeVLM", "GeoQA", "Math", "Search", "Sokoban", "SokobanVLM"]

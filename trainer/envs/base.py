@@ -167,7 +167,38 @@ def register(cls):
     return cls
 
 
+def import_object(path: str, what: str):
+    """The object at "package.module:name" (a user's environment class or reward function),
+    imported; ValueError naming `what` and the path when it cannot be."""
+    import importlib
+
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what} {path!r} must look like package.module:name")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise ValueError(f"{what} {path!r}: cannot import {module!r} ({e})") from None
+    except AttributeError:
+        raise ValueError(f"{what} {path!r}: {module!r} has no {attr!r}") from None
+    return obj
+
+
+def env_class(name: str) -> type:
+    """The environment class `name` stands for: a registered name, or "package.module:Class", a
+    TextEnv subclass defined outside this package (imported once, then registered under its
+    path, so the rest of the trainer finds it like a built-in one)."""
+    if name in ENVS:
+        return ENVS[name]
+    if ":" not in name:
+        raise ValueError(f"env.name must be one of {sorted(n for n in ENVS if ':' not in n)} or an environment "
+                         f"class as package.module:Class, got {name!r}")
+    cls = import_object(name, "env.name")
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        raise ValueError(f"env.name {name!r} is not a subclass of freshper.trainer.envs.TextEnv")
+    ENVS[name] = cls
+    return cls
+
+
 def make_env(name: str, **kwargs) -> TextEnv:
-    if name not in ENVS:
-        raise ValueError(f"env must be one of {sorted(ENVS)}, got {name!r}")
-    return ENVS[name](**kwargs)
+    return env_class(name)(**kwargs)

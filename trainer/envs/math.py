@@ -180,22 +180,24 @@ class BoxedQuestion(QuestionEnv):
 
     answer = ""
     scorer = "boxed"
+    reward_fn = None  # env.reward: a user's f(reply, answer) -> float, in place of the scorer
     score_error = False
 
     def step(self, text: str) -> StepResult:
         if self.done:
             raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
         self.turn += 1
-        penalised = SCORERS[self.scorer][1]
+        penalised = SCORERS[self.scorer][1] and self.reward_fn is None
         valid = last_boxed(text) is not None
         try:
-            reward = score(text, self.answer, self.scorer)
+            reward = float(self.reward_fn(text, self.answer)) if self.reward_fn else score(text, self.answer,
+                                                                                            self.scorer)
             self.score_error = False
         except Exception as e:  # counted and logged, not hidden: see metrics()
             reward, self.score_error = 0.0, True
             _log_first_error(e, text, self.answer)
         penalty = 0.0 if valid or not penalised else self.format_penalty
-        self.correct = reward == 1.0
+        self.correct = reward >= 1.0
         self.done = True
         self.total_reward += reward
         self.total_penalty += penalty
@@ -254,11 +256,12 @@ class Math(BoxedQuestion):
     OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
                "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer",
                "operands": "operands", "operation": "operation", "held_out": "held_out",
-               "last_digits": "last_digits"}
+               "last_digits": "last_digits", "reward": "reward"}
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
                  question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed",
-                 operands: int = 2, operation: str = "add", held_out: float = 0.0, last_digits: int = 0):
+                 operands: int = 2, operation: str = "add", held_out: float = 0.0, last_digits: int = 0,
+                 reward: str = ""):
         super().__init__(1, format_penalty)
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
@@ -273,6 +276,13 @@ class Math(BoxedQuestion):
         self.digits, self.scorer, self.operands, self.operation, self.held_out_frac = (
             digits, scorer, operands, operation, held_out)
         self.last_digits = last_digits
+        if reward:
+            from .base import import_object
+
+            fn = import_object(reward, "env.reward")
+            if not callable(fn):
+                raise ValueError(f"env.reward {reward!r} is not callable")
+            self.reward_fn = fn
         self.train, self.held_out = (), ()
         if data:
             rows = load_problems(data, question_key, answer_key)

@@ -1,0 +1,108 @@
+"""A task defined outside the package trains through `freshper train`: an environment class named
+by its import path with its own keywords, and a dataset with a reward function (TRL's
+reward_funcs, verl's custom reward)."""
+import json
+import re
+
+import pytest
+
+from freshper.trainer import config as C
+from freshper.trainer.cli import main
+from freshper.trainer.envs import QuestionEnv, StepResult
+
+HERE = "tests.trainer.test_own_task"
+
+
+class Doubling(QuestionEnv):
+    """"What is twice N?" with N below `limit`; a right answer scores `prize`."""
+
+    name = "doubling"
+    instruction = "Answer with the number only."
+    OPTIONS = {"format_penalty": "format_penalty"}  # a built-in env.* field it takes
+
+    def __init__(self, limit: int = 10, prize: float = 1.0, format_penalty: float = -0.1):
+        super().__init__(1, format_penalty)
+        self.limit, self.prize = limit, prize
+        self.question, self.answer = "", ""
+
+    def _reset(self, seed: int) -> None:
+        n = seed % self.limit
+        self.question, self.answer = f"What is twice {n}?", str(2 * n)
+        self.correct = False
+
+    def opening(self, state, max_words):
+        return [{"role": "user", "content": f"{self.question}\n{self.instruction}"}]
+
+    def random_reply(self, rng):
+        return str(rng.randrange(2 * self.limit))
+
+    def step(self, text):
+        self.turn += 1
+        self.done = True
+        self.correct = text.strip().split()[:1] == [self.answer]
+        reward = self.prize if self.correct else 0.0
+        self.total_reward += reward
+        return StepResult(self.render(), reward, 0.0, True, True, self.correct, {})
+
+
+def last_number_reward(reply: str, answer: str) -> float:
+    """A reward function as a GRPO user writes one, with a rule no built-in scorer has: 0.5 for a
+    reply whose last number is the answer and that says nothing else, else 0."""
+    found = re.findall(r"-?\d+", reply)
+    return 0.5 if found and found[-1] == answer and reply.strip() == answer else 0.0
+
+
+TINY = ["--preset", "tiny", "--train.iterations", "2", "--train.sft_steps", "2"]
+
+
+def test_an_environment_class_by_import_path_trains(tmp_path):
+    argv = ["train", *TINY, "--env.name", f"{HERE}:Doubling", "--env.kwargs", "{limit: 7, prize: 2}",
+            "--env.format_penalty", "-0.2", "--train.run_dir", str(tmp_path), "--train.name", "own"]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "own" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[-1]["env_steps"] > 0
+    assert all(r["reward"] in (0.0, 2.0) or 0 <= r["reward"] <= 2 for r in rows)
+    cfg = C.load("tiny", str(tmp_path / "own" / "config.yaml"), run_config=True)
+    assert cfg.env.name == f"{HERE}:Doubling" and cfg.env.kwargs == "{limit: 7, prize: 2}"
+    from freshper.trainer.model import env_kwargs
+
+    assert env_kwargs(cfg) == {"format_penalty": -0.2, "limit": 7, "prize": 2.0}
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"env.kwargs": "{size: 3}"}, "'size' is not a keyword of Doubling; it takes limit, prize"),
+    ({"env.kwargs": "{limit: many}"}, "env.kwargs: limit must be an integer"),
+    ({"env.kwargs": "{limit: 7"}, "env.kwargs must be a YAML mapping"),
+    ({"env.digits": 2}, "env.digits=2 is not an option of env.name="),
+    ({"env.name": f"{HERE}:Nowhere"}, "has no 'Nowhere'"),
+    ({"env.name": "tests.trainer.no_such_module:Doubling"}, "cannot import"),
+    ({"env.name": f"{HERE}:last_number_reward"}, "is not a subclass of"),
+])
+def test_your_environments_options_are_checked_like_the_built_in_ones(over, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        C.load("tiny", None, {"env.name": f"{HERE}:Doubling", **over})
+
+
+def test_env_kwargs_is_refused_for_a_built_in_environment():
+    with pytest.raises(ValueError, match="env.kwargs=.* is not an option of env.name='math'"):
+        C.load("math-cpu", None, {"env.kwargs": "{limit: 3}"})
+
+
+def test_a_dataset_with_a_reward_function_trains(tmp_path):
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(20)))
+    argv = ["train", *TINY, "--env.name", "math", "--env.data", str(data), "--env.reward",
+            f"{HERE}:last_number_reward", "--train.run_dir", str(tmp_path), "--train.name", "data"]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "data" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    from freshper.trainer.envs import make_env
+
+    env = make_env("math", data=str(data), reward=f"{HERE}:last_number_reward")
+    env.reset(3)
+    assert env.step(env.answer).reward == 0.5  # the function's value, not a scorer's 1
+    env.reset(3)
+    assert env.step(f"so it is \\boxed{{{env.answer}}}").reward == 0.0  # a scorer would pay this
+    with pytest.raises(ValueError, match="has no 'nope'"):
+        make_env("math", reward=f"{HERE}:nope")
