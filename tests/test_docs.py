@@ -17,28 +17,65 @@ from freshper.trainer.cli import DEFAULT_PRESET
 from freshper.trainer.flags import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
+INDENTED = re.compile(r"(?:^|\n\n)((?:    [^\n]*\n?)+)")  # a Markdown code block by indentation
 
 
 def blocks(langs):
-    return [(f"{p.relative_to(ROOT)}:{i}", code) for p in PAGES
-            for i, (lang, code) in enumerate(FENCE.findall(p.read_text(encoding="utf-8"))) if lang in langs]
+    out = []
+    for p in PAGES:
+        text = p.read_text(encoding="utf-8")
+        out += [(f"{p.relative_to(ROOT)}:{i}", code) for i, (lang, code) in enumerate(FENCE.findall(text))
+                if lang in langs]
+        if "" in langs:  # the indented blocks too (RESULTS.md writes its commands so)
+            bare = FENCE.sub("", text)
+            out += [(f"{p.relative_to(ROOT)}:indented{i}", "\n".join(line[4:] for line in block.splitlines()))
+                    for i, block in enumerate(INDENTED.findall(bare))]
+    return out
 
 
 PYTHON = blocks({"python"})
 
 
+SUBCOMMANDS = ("train", "compare", "profile", "eval", "export", "chance", "plot")
+
+
+def command_line(line: str):
+    """(argv after `freshper`, PYTHONPATH entries) of a shell line that runs a freshper command
+    (directly, as python -m freshper.trainer.cli, or under torchrun), or None."""
+    words = shlex.split(line)
+    paths = []
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # VAR=value prefixes
+        name, _, value = words.pop(0).partition("=")
+        if name == "PYTHONPATH":
+            paths += [v for v in value.split(":") if v and not v.startswith("$")]
+    if words[:1] == ["freshper"] and words[1:2] and words[1] in SUBCOMMANDS:
+        return words[1:], paths
+    if "freshper.trainer.cli" in words:
+        rest = words[words.index("freshper.trainer.cli") + 1:]
+        return (rest, paths) if rest[:1] and rest[0] in SUBCOMMANDS else None
+    if words[:2] in (["python", "-m"], ["python3", "-m"]) and words[2:3] and words[2].startswith("freshper."):
+        return ["module", words[2]], paths
+    return None
+
+
 def command_lines():
-    """(where, argv) of each freshper train/compare line in shell blocks (continuations joined,
-    comments and [optional] parts dropped; lines with '...' placeholders or a --resume skipped)."""
+    """(where, argv, PYTHONPATH) of each freshper command line in shell blocks (continuations
+    joined, comments and [optional] parts dropped; lines with '...' placeholders, a --resume or a
+    $VARIABLE skipped)."""
     out = []
     for where, code in blocks({"bash", "sh", ""}):
         for line in code.replace("\\\n", " ").splitlines():
             line = re.sub(r"\[[^\]]*\]", " ", line.split("  #")[0].split(" # ")[0]).strip()
-            if not line.startswith(("freshper train", "freshper compare")) or "..." in line or "--resume" in line:
+            if not line or "..." in line or "--resume" in line or "$" in line.replace("$PWD", ""):
                 continue
-            out.append((where, shlex.split(line)[1:]))
+            try:
+                found = command_line(line)
+            except ValueError:  # unbalanced quotes: not a shell line
+                continue
+            if found:
+                out.append((where, *found))
     return out
 
 
@@ -69,11 +106,17 @@ def test_python_block_runs(where, code, tmp_path):
 
 def check_command(argv: list[str]) -> None:
     """What the command line would be refused for, before it ran: ValueError naming it. compare's
-    line goes through compare's own parser and checks (the ones a run meets), not a copy."""
+    line goes through compare's own parser and checks (the ones a run meets), not a copy; the
+    other subcommands' config flags through the config; a `python -m` module must exist."""
     import contextlib
+    import importlib.util
     import io
 
     cmd, args = argv[0], argv[1:]
+    if cmd == "module":
+        if importlib.util.find_spec(args[0]) is None:
+            raise ValueError(f"python -m {args[0]}: no such module")
+        return
     if cmd == "compare":
         err = io.StringIO()
         try:
@@ -82,24 +125,33 @@ def check_command(argv: list[str]) -> None:
         except SystemExit:
             raise ValueError(err.getvalue().strip().splitlines()[-1]) from None
         return
+    own = {"train": ("--preset", "--config"), "profile": ("--preset", "--config", "--iterations"),
+           "eval": ("--preset", "--iteration"), "export": ("--iteration",),
+           "chance": ("--preset", "--episodes", "--split"), "plot": ()}[cmd]
     named, rest, i = {}, [], 0
     while i < len(args):
         a = args[i]
-        if a in ("--preset", "--config") and i + 1 < len(args):
+        if a in own and i + 1 < len(args):
             named[a], i = args[i + 1], i + 2
-        elif a == "--help":
+        elif a == "--help" or (not a.startswith("-") and not rest):  # a positional: a folder
             i += 1
         else:
             rest.append(a)
             i += 1
+    if cmd in ("export", "plot"):
+        if rest:
+            raise ValueError(f"freshper {cmd} takes no config flags, got {rest}")
+        return
     C.load(named.get("--preset") or DEFAULT_PRESET, None, parse_overrides(rest))
 
 
 PATHS = ("--env.data", "--env.eval_data", "--env.corpus")  # the user's files: stand-ins are made for them
 
 
-@pytest.mark.parametrize("where,argv", COMMANDS, ids=[f"{w}:{' '.join(a)[:60]}" for w, a in COMMANDS])
-def test_command_line_is_accepted(where, argv, tmp_path, monkeypatch):
+@pytest.mark.parametrize("where,argv,paths", COMMANDS, ids=[f"{w}:{' '.join(a)[:60]}" for w, a, _ in COMMANDS])
+def test_command_line_is_accepted(where, argv, paths, tmp_path, monkeypatch):
+    for p in paths:  # PYTHONPATH=examples: a user's task module, as the line runs it from the checkout
+        monkeypatch.syspath_prepend(str(ROOT / p))
     monkeypatch.chdir(tmp_path)
     for key, value in zip(argv, argv[1:]):
         if key in PATHS and not value.startswith("hub:"):
