@@ -42,9 +42,3 @@ def test_errors_are_one_line_naming_the_flag(argv, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
-def test_an_error_changes_nothing():
-    """parse_overrides only reads: the defaults and presets are the same after a refused line."""
-    before = C.flatten(C.Config().to_dict()), dict(C.PRESETS["tiny"])
-    with pytest.raises(ValueError):
-        parse_overrides(["--algo.tau", "2", "--algo.mode", "sometimes"])
-    assert (C.flatten(C.Config().to_dict()), dict(C.PRESETS["tiny"])) == before

@@ -13,7 +13,11 @@ def test_every_field_declares_a_value_it_refuses():
     assert set(INVALID) == set(C.field_table())
 
 
-def test_every_rule_says_what_passes():
+def test_a_rule_without_its_words_is_refused_where_it_is_declared():
+    """A field with a rule must say in words what passes (its errors show them): opt() refuses
+    one without, at import, so no field can reach a user with a wordless error."""
+    with pytest.raises(TypeError, match="needs allowed="):
+        C.opt(1, "a field", rule=lambda v: v > 0, bad="0")
     assert all(text for _, text in C.rules().values())
 
 
