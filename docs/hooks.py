@@ -25,7 +25,22 @@ def on_files(files, config):
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == "configuration.md":
         return markdown.replace("<!-- options -->", options_reference())
+    if page.file.src_uri in ("trl.md", "api.md"):
+        return markdown.replace("<!-- trl-options -->", trl_options())
     return markdown
+
+
+def trl_options() -> str:
+    """FreshPERGRPOConfig's replay options, from the dataclass: name, default, help."""
+    import dataclasses
+
+    from freshper.integrations.trl import FreshPERGRPOConfig
+
+    rows = ["| option | default | what it does |", "|---|---|---|"]
+    for f in dataclasses.fields(FreshPERGRPOConfig):
+        if f.name.startswith("replay_"):
+            rows.append(f"| `{f.name}` | `{f.default!r}` | {_cell(f.metadata.get('help', ''))} |")
+    return "\n".join(rows) + "\n"
 
 
 def _cell(text: str) -> str:

@@ -111,8 +111,22 @@ class ReplayBuffer:
 
     P(i) ∝ ((p_i + eps) · exp(-(t - b_i)/tau))^alpha over live slots ("freshper"); no decay for
     "per"; equal for "uniform". Weights w_i = (N·P(i))^-beta / max_j (N·P(j))^-beta.
-    `fields` optionally declares {name: (shape_without_batch, dtype)}; otherwise the first
-    `add` fixes them.
+
+    Args:
+        capacity: trajectory slots (rows of every field), > 0.
+        mode: "freshper" (age decay), "per" (no decay) or "uniform".
+        alpha: priority exponent, >= 0 (0: uniform).
+        beta: IS-weight exponent in [0, 1], or a callable step -> beta (`linear_beta`).
+        tau: decay time in steps, > 0 (inf: no decay); "freshper" only.
+        eps: added to every base priority, >= 0 (a zero priority then needs eps > 0).
+        eviction: "fifo" (oldest first) or "stalest" (least likely first) once full.
+        device: where the state lives; a CUDA buffer samples with the Triton kernels.
+        seed: seed of the sampling stream (torch.Generator on `device`).
+        fields: {name: (shape without the batch dim, dtype)}; None: the first `add` fixes them.
+        sampler: "auto" (the tree on CPU, Triton on CUDA), "tree", "scan" or "triton".
+        insert: where new trajectories enter: "own" (their priority), "max" (the running
+            maximum until replayed: standard PER) or "max-one-step" (the maximum until the
+            step advances: the authors' FreshPER arm).
     """
 
     def __init__(self, capacity: int, *, mode: str = "freshper", alpha: float = 0.6,
@@ -327,9 +341,15 @@ class ReplayBuffer:
         return sorted(self._fields)
 
     def add(self, priority=None, step: int | None = None, **fields) -> torch.Tensor:
-        """Write B trajectories; returns their slots (B,) int64. priority: (B,) >= 0, finite, each
-        trajectory's own priority; step: int, not earlier than any step seen; fields: tensors with
-        leading dim B. A full buffer evicts the oldest (fifo) or the least likely (stalest) slots.
+        """Write B trajectories; returns their slots (B,) int64. A full buffer evicts the oldest
+        (fifo) or the least likely (stalest) slots.
+
+        Args:
+            priority (torch.Tensor | None): (B,) finite floats >= 0, each trajectory's own
+                priority; None: "max".
+            step: the step (iteration) they were collected at, an int not earlier than any seen.
+            **fields (torch.Tensor): tensors with leading dim B (token ids, masks, log-probs,
+                rewards, ...).
 
         Where they enter depends on `insert`: "own" writes `priority`; "max" writes the largest
         raw priority written so far (at least 1) until `update_priorities` sets the slot (standard
@@ -418,7 +438,16 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, step: int | None = None) -> SampleBatch:
         """Draw `batch_size` slots, one per stratum of the cumulative distribution (with
-        replacement across strata). Returns a SampleBatch; see its docstring."""
+        replacement across strata).
+
+        Args:
+            batch_size: draws, > 0.
+            step: the current step (int), for the IS-weight schedule and the insertion rule;
+                None: the latest seen. The decay needs no step: it is in the keys already.
+
+        Returns:
+            SampleBatch: indices, IS weights, probabilities, birth, age and every field.
+        """
         if not _is_int(batch_size) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if self._size == 0:
@@ -495,8 +524,13 @@ class ReplayBuffer:
         return self._batch(idx, weights, torch.exp(lp), self._step, draw.beta)
 
     def update_priorities(self, indices, priority, step: int | None = None) -> None:
-        """Set the base priority of live `indices` (B,); with duplicates the last value wins.
-        With `step`, the slots are re-stamped as born at `step` (their age restarts)."""
+        """Set the base priority of live slots; with duplicate indices the last value wins.
+
+        Args:
+            indices (torch.Tensor): (B,) int slots, from a SampleBatch; each must be live.
+            priority (torch.Tensor): (B,) finite floats >= 0.
+            step: if given, the slots are re-stamped as born at `step` (their age restarts).
+        """
         idx = self._check_indices(indices)
         p, pmax = self._check_priority(priority, idx.numel())
         if step is not None:
@@ -514,9 +548,15 @@ class ReplayBuffer:
             self._step = step
 
     def evict_older_than(self, step: int) -> int:
-        """Remove every live trajectory born before `step`: a hard staleness gate (at step t,
-        `evict_older_than(t - N)` leaves only ages <= N to draw). Returns how many were removed.
-        Their slots become empty (the next adds fill them); an O(capacity) scan, once a step."""
+        """Remove every live trajectory born before `step`: a hard staleness gate. Their slots
+        become empty (the next adds fill them); an O(capacity) scan, meant for once a step.
+
+        Args:
+            step: an int; at step t, `evict_older_than(t - N)` leaves only ages <= N to draw.
+
+        Returns:
+            int: how many trajectories were removed.
+        """
         if not _is_int(step):
             raise ValueError(f"step must be an int, got {step!r}")
         slots = (self._live & (self._birth < step)).nonzero().squeeze(1)
