@@ -131,9 +131,10 @@ def test_profile_on_cpu_writes_a_chrome_trace_with_phase_ranges(tmp_path, capsys
     trace = tmp_path / "p" / "profile" / "trace_iters_1_1.json"
     assert str(trace) in capsys.readouterr().out
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
-    for phase in ("rollout", "generate", "env_step", "logprob_recompute", "onpolicy_update", "buffer_add", "sample",
+    for phase in ("rollout", "generate", "env_step", "onpolicy_update", "buffer_add", "sample",
                   "replay_update", "priority_update", "weight_sync"):
         assert phase in names, phase
+    assert "logprob_recompute" not in names, "the update's own forward gives the old log-probs"
     with pytest.raises(SystemExit):
         main(["profile", "--preset", "tiny", "--iterations", "5:2"])
 
