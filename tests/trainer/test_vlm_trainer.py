@@ -59,7 +59,8 @@ def test_replayed_rows_are_scored_on_their_own_images(run):
     zeros = torch.zeros(2)
     slots = tr.buffer.add(torch.ones(2), step=tr.iteration, tokens=ep.tokens.to(torch.int32), mask=ep.mask,
                           old_logp=ep.engine_logp, engine_logp=ep.engine_logp, score=zeros, reward=zeros,
-                          group=torch.arange(2), adv=zeros, images=pack_pngs(ep.pngs, cfg.rollout.image_bytes))
+                          group=torch.arange(2), adv=zeros, images=pack_pngs(ep.pngs, cfg.rollout.image_bytes),
+                          gen_lag=torch.zeros(2, dtype=torch.int8))
     b = tr.buffer._batch(slots, torch.ones(2), torch.ones(2), tr.iteration, 0.4)
     want = tr.policy.logprobs(ep.tokens, ep.mask, vision=ep.vision)
     replayed = tr._replayed_images(b)
