@@ -165,3 +165,10 @@ def test_command_line_is_accepted(where, argv, paths, tmp_path, monkeypatch):
 def test_a_wrong_command_line_is_caught(argv):
     with pytest.raises(ValueError):
         check_command(argv)
+
+
+def test_the_preset_table_names_every_preset():
+    """docs/configuration.md's preset table is where a reader looks them up: it lists each one."""
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = text[text.index("## Presets"):text.index("## Every option")]
+    assert [p for p in C.PRESETS if f"`{p}`" not in table] == []
