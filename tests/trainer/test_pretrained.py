@@ -158,13 +158,16 @@ def test_vllm_engine_logprobs_equal_the_trainers_after_each_sync(folder, tmp_pat
 
 
 def test_a_few_on_policy_iterations_raise_success(tmp_path):
-    """The trainer learns: SmolLM2 on one-digit addition, on-policy, lr 3e-5, seed 0, 8 iterations.
-    Measured (2026-12-01, this configuration at 1 thread): training success 0.094, 0.031, 0.219,
-    0.156, 0.625, 0.219, 0.281, 0.469, so iterations 4-7 average 0.336 above iterations 0-1; with
-    the loop's advantages negated 0.094, 0.125, 0.031, 0.0, 0.25, 0.062, 0.0, 0.062 (-0.016); with
-    them zeroed no gradient at all (the premise checks of test_loop fail). The bar, +0.15, sits
-    about three standard errors (0.05 for these 192 episodes) from both. At the preset's lr 1e-5 six
-    iterations did not separate the two (+0.219 against +0.125 negated)."""
+    """The trainer learns: SmolLM2 on one-digit addition, on-policy, lr 3e-5, seed 0, 8 iterations,
+    2 threads. Measured at this very setting (2026-12-02, results/probes/smollm2-learning-test/
+    test-setting.txt, learn.py): training success 0.094, 0.031, 0.219, 0.156, 0.625, 0.219, 0.281,
+    0.469, so iterations 4-7 average +0.336 above iterations 0-1; with the loop's advantages negated
+    0.094, 0.125, 0.031, 0.0, 0.25, 0.062, 0.0, 0.062 (-0.016); with them zeroed there is no
+    gradient at all (the premise checks of test_loop fail). The same two sequences came out at 1
+    thread (2026-12-01). The run is deterministic on a CPU, so this test replays the honest run
+    above. The bar, +0.15, sits about 3 standard errors (~0.056 for the 128 + 64 episodes compared)
+    below the honest figure and above the negated one. At the preset's lr 1e-5, six iterations did
+    not separate the two (+0.219 against +0.125 negated)."""
     cfg = config.load("smollm2-135m-math", None, {"algo.mode": "on-policy", "train.iterations": 8, "algo.lr": 3e-5,
                                                   "eval.every": 0, "train.progress": False, "train.threads": 2})
     rows = Trainer(cfg, tmp_path / "learn").run()
