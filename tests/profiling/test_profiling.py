@@ -39,3 +39,12 @@ def test_window_parsing():
 def test_nsys_missing_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nsys"):
         nsight.nsys_command(tmp_path / "r", ["python", "-c", "pass"])
+
+
+def test_bench_matmul_prints_a_rate_per_shape(capsys):
+    from freshper.profiling import bench_matmul
+
+    assert bench_matmul.main(["--threads", "1", "--tokens", "64", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "GFLOP" not in line and "shape" not in line]
+    assert len(rows) == len(bench_matmul.SHAPES) and all(float(r.split("|")[2]) > 0 for r in rows)
