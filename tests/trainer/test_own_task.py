@@ -106,3 +106,15 @@ def test_a_dataset_with_a_reward_function_trains(tmp_path):
     assert env.step(f"so it is \\boxed{{{env.answer}}}").reward == 0.0  # a scorer would pay this
     with pytest.raises(ValueError, match="has no 'nope'"):
         make_env("math", reward=f"{HERE}:nope")
+
+
+def test_a_users_class_leaves_the_built_in_registry_as_it_was():
+    """A user's class is found by its path without joining ENVS, whose names are the built-ins the
+    config declares (it used to register there, so later tests saw one environment too many)."""
+    from freshper.trainer.envs import ENVS, env_class
+
+    before = dict(ENVS)
+    assert env_class(f"{HERE}:Doubling") is Doubling
+    assert env_class(f"{HERE}:Doubling") is Doubling  # imported once, then cached
+    assert ENVS == before
+    assert set(ENVS) == set(C.ENV_NAMES)

@@ -159,7 +159,8 @@ def legend(symbols: dict[str, str], actions) -> str:
             + "\nYour available actions are:\n" + ", ".join(actions))
 
 
-ENVS: dict[str, type] = {}
+ENVS: dict[str, type] = {}  # the built-in environments, by name; fixed once the package is imported
+_IMPORTED: dict[str, type] = {}  # users' classes by "package.module:Class", kept apart so ENVS stays the built-ins
 
 
 def register(cls):
@@ -185,18 +186,19 @@ def import_object(path: str, what: str):
 
 
 def env_class(name: str) -> type:
-    """The environment class `name` stands for: a registered name, or "package.module:Class", a
-    TextEnv subclass defined outside this package (imported once, then registered under its
-    path, so the rest of the trainer finds it like a built-in one)."""
+    """The environment class `name` stands for: a built-in name, or "package.module:Class", a
+    TextEnv subclass defined outside this package (imported once per process)."""
     if name in ENVS:
         return ENVS[name]
+    if name in _IMPORTED:
+        return _IMPORTED[name]
     if ":" not in name:
-        raise ValueError(f"env.name must be one of {sorted(n for n in ENVS if ':' not in n)} or an environment "
-                         f"class as package.module:Class, got {name!r}")
+        raise ValueError(f"env.name must be one of {sorted(ENVS)} or an environment class as "
+                         f"package.module:Class, got {name!r}")
     cls = import_object(name, "env.name")
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
         raise ValueError(f"env.name {name!r} is not a subclass of freshper.trainer.envs.TextEnv")
-    ENVS[name] = cls
+    _IMPORTED[name] = cls
     return cls
 
 
