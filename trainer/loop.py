@@ -119,6 +119,9 @@ def check_world(cfg: Config, world: int) -> None:
     if a.mode != "on-policy" and a.replay_unit != "trajectory":
         bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
                    "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
+    if cfg.model.lora_rank:  # FSDP2 with frozen base weights and an adapter-only checkpoint: not built yet
+        bad.append(f"model.lora_rank={cfg.model.lora_rank}: LoRA runs on one process; use model.lora_rank=0 "
+                   "on several ranks")
     if bad:
         raise ValueError(f"WORLD_SIZE={world}: " + "; ".join(bad))
 

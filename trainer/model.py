@@ -176,6 +176,14 @@ def load_policy(cfg: Config, device: torch.device):
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.model.lora_rank:
+        from .lora import apply_lora
+
+        m = cfg.model
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_targets)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("LoRA rank %d on %s: %d trainable parameters (%.2f%% of the model)", m.lora_rank, m.lora_targets,
+                 trainable, 100 * trainable / sum(p.numel() for p in model.parameters()))
     log.info("model %s on %s, %s, attention: %s", path, device, str(dtype).removeprefix("torch."), attn)
     return model, tok, path
 

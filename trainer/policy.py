@@ -79,7 +79,9 @@ class Policy:
                 shard(self.ref_net, compute_dtype)
         self.model = self.net.model
         self.ref_model = ref
-        self.opt = torch.optim.AdamW(self.net.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        # the trainable parameters: all of them, or with LoRA the adapters (the base is frozen)
+        self.opt = torch.optim.AdamW([p for p in self.net.parameters() if p.requires_grad], lr=a.lr,
+                                     weight_decay=a.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(a.lr_schedule, a.warmup_steps, total_steps))
 
     def _micro_batches(self, rows: int) -> int:

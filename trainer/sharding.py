@@ -115,9 +115,9 @@ def full_tensors(model: nn.Module, skip=()):
     """(name, full tensor) for each entry of `model`'s state dict, one gathered at a time: the
     whole model never sits unsharded on a rank, only the largest single tensor. Collective
     under FSDP: every rank must consume the iterator to the end."""
-    from torch.distributed.tensor import DTensor
+    from .lora import merged_tensors, whole_tensor
 
-    for name, t in model.state_dict().items():
-        if name in skip:
-            continue
-        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+    whole = ((name, whole_tensor(t)) for name, t in model.state_dict().items())
+    for name, t in merged_tensors(model, whole):  # LoRA: the adapters merged, under the base's names
+        if name not in skip:
+            yield name, t
