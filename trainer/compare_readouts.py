@@ -8,7 +8,9 @@ paired by seed against the control arm (the first of --arms):
 - validation at equal optimizer updates: each arm's validation curve, as a function of the updates
   made before it ran, read at the fewest updates any arm of that seed makes in all;
 - validation at equal measured compute: the same against the seconds of training work (every
-  timed phase but validation and checkpoints), read at the least any arm of the seed spends;
+  timed phase but validation and checkpoints), read at the least any arm of the seed spends.
+  Seconds compare only on one machine: a seed whose arms ran on different machines (source.json's
+  "machine") is left out of this readout, and the table says how many were;
 - env steps to reach the control's final validation (the rollout volume each arm needs for the
   control's result, as ReMix reports it): where its validation curve first reaches that value,
   linear between validation points; not reached within the budget is counted, not imputed.
@@ -84,6 +86,23 @@ def final_x(rows: list[dict], x: str) -> float:
     return math.nan if not cum else float(cum[-1])
 
 
+def run_machine(job: dict) -> str | None:
+    """The machine a run ran on, as one comparable string: the job's "machine", else its folder's
+    source.json (resumes included: a run resumed elsewhere has two); None when not recorded."""
+    if "machine" in job:
+        return job["machine"]
+    import json
+    from pathlib import Path
+
+    path = Path(job.get("run", "")) / "source.json"
+    if not job.get("run") or not path.is_file():
+        return None
+    info = json.loads(path.read_text())
+    seen = [info.get("machine")] + [r.get("machine") for r in info.get("resumed", [])]
+    known = sorted({json.dumps(m, sort_keys=True) for m in seen if m})
+    return " + ".join(known) if known else None
+
+
 def matched(by_label: dict, key: str = "eval_success") -> dict:
     """{arm: {"updates": ..., "compute": ..., "reach": ...}} against the first arm (the control), per
     seed both ran. "updates"/"compute": (mean, half-width, wins, n, per-seed differences) of the arm's
@@ -94,14 +113,17 @@ def matched(by_label: dict, key: str = "eval_success") -> dict:
     if not labels:
         return {}
     runs = {label: {j["seed"]: rows for j, rows, _ in items} for label, items in by_label.items()}
+    machines = {label: {j["seed"]: run_machine(j) for j, _, _ in items} for label, items in by_label.items()}
     seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
     control = labels[0]
     out: dict = {label: {} for label in labels}
+    mixed = [s for s in seeds if len({machines[label][s] for label in labels} - {None}) > 1]
+    out[control]["compute_mixed_machines"] = mixed
     for x in ("updates", "compute"):
         at = {}
         for s in seeds:
             finals = [final_x(runs[label][s], x) for label in labels]
-            if any(math.isnan(f) for f in finals):
+            if any(math.isnan(f) for f in finals) or (x == "compute" and s in mixed):
                 continue
             at[s] = min(finals)
         vals = {label: {s: value_at(eval_track(runs[label][s], x, key), at[s]) for s in at} for label in labels}
@@ -142,6 +164,10 @@ def matched_table(by_label: dict, budget: int, key: str = "eval_success") -> tup
              "linear between validation points)\n",
              "| arm | at equal updates | at equal compute | env steps to reach the control's final | reached |",
              "|---|---|---|---|---|"]
+    mixed = res[control]["compute_mixed_machines"]
+    if mixed:
+        lines[0] += (f"\nAt equal compute, {len(mixed)} seed(s) are left out because their arms ran on different "
+                     f"machines (source.json): {mixed}\n")
     js = {}
     for label, r in res.items():
         med, ok, n, steps = r["reach"]

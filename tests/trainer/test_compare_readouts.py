@@ -66,3 +66,35 @@ def test_a_wrong_reading_point_fails():
     track = eval_track(replay, "updates")
     assert value_at(track, 10.0) == pytest.approx(0.5)
     assert value_at(track, 20.0) != pytest.approx(0.5) and value_at(track, 12.0) != pytest.approx(0.5)
+
+
+def test_seeds_whose_arms_ran_on_different_machines_leave_the_compute_readout_only():
+    """Seconds from a machine twice as fast would make an arm look twice as cheap: such a seed
+    (here seed 1) is left out at equal compute and kept at equal updates. Without the check the
+    compute readout would hold both seeds' differences, as the updates readout does."""
+    control = [run(10, 1, 1.0, {0: 0.1, 5: 0.3}, 0.5), run(10, 1, 1.0, {0: 0.2, 5: 0.2}, 0.4)]
+    replay = [run(10, 2, 2.0, {0: 0.1, 5: 0.5}, 0.9), run(10, 2, 1.0, {0: 0.2, 5: 0.3}, 0.3)]
+    arms = by_label(control=control, replay=replay)
+    for label, items in arms.items():
+        for j, _, _ in items:
+            j["machine"] = "fast" if (label, j["seed"]) == ("replay", 1) else "slow"
+    res = matched(arms)
+    assert res["replay"]["compute"][4] == pytest.approx([0.0])  # seed 0 alone
+    assert res["replay"]["updates"][4] == pytest.approx([0.0, -0.1])  # both seeds
+    assert res["control"]["compute_mixed_machines"] == [1]
+    table, _ = matched_table(arms, 320)
+    assert "1 seed(s) are left out because their arms ran on different machines" in table
+    unknown = by_label(control=control, replay=replay)  # not recorded (older runs): kept
+    assert matched(unknown)["replay"]["compute"][3] == 2
+
+
+def test_the_machine_is_read_from_the_run_folder(tmp_path):
+    import json
+
+    from freshper.trainer.compare_readouts import run_machine
+
+    (tmp_path / "source.json").write_text(json.dumps({"commit": "x", "machine": {"cpu": "A", "simd": "avx2"}}))
+    assert run_machine({"run": tmp_path}) == '{"cpu": "A", "simd": "avx2"}'
+    (tmp_path / "source.json").write_text(json.dumps({"commit": "x"}))
+    assert run_machine({"run": tmp_path}) is None
+    assert run_machine({"seed": 0}) is None

@@ -71,6 +71,8 @@ def test_a_run_records_the_commit_it_ran(tmp_path):
     here = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=__file__.rsplit("/", 3)[0]).stdout.strip()
     assert info["commit"] == sha == here and info["dirty"] == dirty and info["torch"] == torch.__version__
+    assert info["machine"]["cpu"] and info["machine"]["simd"] in ("avx512", "avx2", "other")
+    assert info["machine"]["cores"] >= 1
     del tr
     Trainer(config.load("tiny", None, {"train.iterations": 1}), tmp_path / "run2").run()
     Trainer(config.load("tiny", None, {"train.iterations": 2}), tmp_path / "run2", resume=True)
