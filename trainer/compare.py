@@ -220,7 +220,8 @@ def main(argv) -> int:
                 for sub in ("checkpoints", "final"):
                     shutil.rmtree(j["run"] / sub, ignore_errors=True)
         status = "done" if rc == 0 else f"failed (exit {rc}), see {out / (j['run'].name + '.log')}"
-        print(f"  {j['run'].name}: {status} after {time.time() - t0:.0f} s", flush=True)
+        print(f"  {j['run'].name}: {status} after {time.time() - started:.0f} s ({time.time() - t0:.0f} s since "
+              "compare began)", flush=True)
         return rc
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
