@@ -157,3 +157,20 @@ def test_first_seed_moves_the_seeds(tmp_path):
     jobs = plan(tmp_path, "math-cpu", ["on-policy"], 2, 100, {}, None, first_seed=100)
     assert [j["seed"] for j in jobs] == [100, 101] and jobs[0]["run"].name == "on-policy-s100"
     assert "--train.seed=100" in jobs[0]["cmd"]
+
+
+def test_the_papers_setting_is_one_compare_command(tmp_path):
+    """On a GPU node `freshper compare --preset qwen2.5-0.5b-sokoban-simple` plans the paper's arms at
+    the preset's own budget (iterations x episodes); planning needs no GPU."""
+    from freshper.trainer import config
+    from freshper.trainer.compare import default_budget, parse, plan
+
+    _, args, arms, _, given = parse(["--preset", "qwen2.5-0.5b-sokoban-simple", "--arms", "on-policy,per,freshper",
+                                     "--seeds", "2", "--run-dir", str(tmp_path)])
+    budget = default_budget(args.env)
+    cfg = config.apply(config.Config(), config.PRESETS["qwen2.5-0.5b-sokoban-simple"])
+    assert budget == cfg.train.iterations * cfg.rollout.episodes == 100 * 1024
+    jobs = plan(tmp_path, args.env, arms, args.seeds, budget, given, None)
+    assert [(j["seed"], j["label"]) for j in jobs] == [(0, "on-policy"), (0, "per"), (0, "freshper"),
+                                                      (1, "on-policy"), (1, "per"), (1, "freshper")]
+    assert all("--preset" in j["cmd"] and "qwen2.5-0.5b-sokoban-simple" in j["cmd"] for j in jobs)
