@@ -155,9 +155,8 @@ def load_weights(model, file: Path) -> None:
         raise CheckpointError(f"{file} was saved {'with' if saved_lora else 'without'} LoRA adapters, the model "
                               f"{'has' if has_lora(model) else 'has no'} adapters: resume with the run's model.lora_*")
     missing, unexpected = load_model(model, str(file), strict=False)
-    expected_missing = set() if not saved_lora else {n for n, _ in model.state_dict().items()} - set(
-        adapter_state(model))
-    missing = [m for m in missing if m not in expected_missing and "lm_head" not in m]
+    base = set(model.state_dict()) - set(adapter_state(model)) if saved_lora else set()  # the model folder's
+    missing = [m for m in missing if m not in base and "lm_head" not in m]
     if unexpected or missing:
         raise CheckpointError(f"{file} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
