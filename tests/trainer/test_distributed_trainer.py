@@ -16,6 +16,8 @@ from freshper.trainer.dist import Dist
 from freshper.trainer.metrics import merge_rows
 from tests.freshper.test_distributed import free_port
 
+pytestmark = pytest.mark.slow(330)
+
 TINY = ["--preset", "tiny", "--train.threads", "1"]
 
 

@@ -26,6 +26,8 @@ from freshper.trainer.loop import Trainer  # noqa: E402
 from freshper.trainer.model import env_kwargs  # noqa: E402
 from freshper.trainer.rollout import rollout  # noqa: E402
 
+pytestmark = pytest.mark.slow(140)
+
 FULL = Sampling(1.0, 1.0, 0)
 TOL = 1e-4
 EXACT = {"rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0}

@@ -7,6 +7,8 @@ import torch
 from freshper.trainer import config
 from freshper.trainer.loop import Trainer
 
+pytestmark = pytest.mark.slow(100)
+
 # unprocessed sampling in float32: the engine's recorded log-probs are the model's own
 EXACT = {"rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0}
 
