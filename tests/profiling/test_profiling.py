@@ -48,3 +48,22 @@ def test_bench_matmul_prints_a_rate_per_shape(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "GFLOP" not in line and "shape" not in line]
     assert len(rows) == len(bench_matmul.SHAPES) and all(float(r.split("|")[2]) > 0 for r in rows)
+
+
+def test_bench_iteration_at_finds_equal_numbers_only_where_they_are(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from freshper.profiling import bench_iteration_at
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    common = [sys.executable, sys.executable, "--preset", "tiny", "--iterations", "2", "--rounds", "1",
+              "--threads", "1"]
+    assert bench_iteration_at.main(common) == 0
+    out = capsys.readouterr().out
+    assert "largest difference in loss" in out and out.rstrip().endswith(": 0")
+    table = {line.split()[0]: line.split() for line in out.splitlines()
+             if line[:1].isalpha() and len(line.split()) == 4}
+    assert float(table["iteration"][1]) > 0 and float(table["generate"][2]) > 0
+    # another seed for B: the check must see its numbers differ
+    assert bench_iteration_at.main([*common, "--args-b", "--train.seed 1"]) == 0
+    assert not capsys.readouterr().out.rstrip().endswith(": 0")
