@@ -3,7 +3,7 @@ environments (e.g. the venv of a `git worktree` of an older commit, and the curr
 processes run alternately on one machine, so both see the same machine state.
 
     python -m freshper.profiling.bench_iteration_at PYTHON_A PYTHON_B [--preset smollm2-135m-math]
-        [--iterations 4] [--rounds 2] [--threads 2] [--args-a "..."] [--args-b "..."]
+        [--iterations 4] [--rounds 2] [--threads 2] [--args-a "..."] [--args-b "..."] [--keep DIR]
 
 PYTHON_A and PYTHON_B may be the same, with --args-b giving B other options (e.g.
 "--rollout.engine vllm"), to time one option against another.
@@ -12,11 +12,13 @@ Each run is `PYTHON -m freshper.trainer.cli train --preset P` with validation of
 folder. Iteration 0 is left out (first calls, warm caches). Prints the median seconds of each
 phase over the remaining iterations of all rounds, the iteration's total (the sum of the
 phases), the ratio A/B, and the largest difference of the runs' numbers (loss, rewards, grad
-norm), which is zero when a change only removed redundant work.
+norm), which is zero when a change only removed redundant work. `--keep DIR` copies each run's
+metrics.jsonl to DIR/A0.jsonl, DIR/B0.jsonl, ... (the raw data behind a BENCHMARKS.md row).
 """
 import argparse
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -55,6 +57,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
     ap.add_argument("--args-a", default="", help="more train options for A's runs, as one string")
     ap.add_argument("--args-b", default="", help="more train options for B's runs, as one string")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each run's metrics.jsonl here as A0.jsonl, B0.jsonl, ...")
     a = ap.parse_args(argv)
     if a.iterations < 2 or a.rounds < 1:
         ap.error("--iterations must be >= 2 and --rounds >= 1")
@@ -63,7 +67,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
             for name, py, extra in (("A", a.python_a, a.args_a), ("B", a.python_b, a.args_b)):
-                r = run(py, a.preset, a.iterations, a.threads, Path(tmp) / f"{name}{i}", shlex.split(extra))
+                folder = Path(tmp) / f"{name}{i}"
+                r = run(py, a.preset, a.iterations, a.threads, folder, shlex.split(extra))
+                if a.keep is not None:
+                    a.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(folder / "run" / "metrics.jsonl", a.keep / f"{name}{i}.jsonl")
                 rows[name].append(r)
                 for k, v in phases(r).items():
                     times[name].setdefault(k, []).extend(v)

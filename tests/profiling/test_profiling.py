@@ -58,8 +58,10 @@ def test_bench_iteration_at_finds_equal_numbers_only_where_they_are(tmp_path, mo
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     common = [sys.executable, sys.executable, "--preset", "tiny", "--iterations", "2", "--rounds", "1",
               "--threads", "1"]
-    assert bench_iteration_at.main(common) == 0
+    assert bench_iteration_at.main([*common, "--keep", str(tmp_path / "kept")]) == 0
     out = capsys.readouterr().out
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == ["A0.jsonl", "B0.jsonl"] and len((tmp_path / "kept" / "A0.jsonl").read_text().splitlines()) == 2
     assert "largest difference in loss" in out and out.rstrip().endswith(": 0")
     table = {line.split()[0]: line.split() for line in out.splitlines()
              if line[:1].isalpha() and len(line.split()) == 4}
