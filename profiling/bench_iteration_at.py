@@ -73,9 +73,10 @@ def main(argv=None):
                     a.keep.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(folder / "run" / "metrics.jsonl", a.keep / f"{name}{i}.jsonl")
                 rows[name].append(r)
-                for k, v in phases(r).items():
+                p = phases(r)
+                for k, v in p.items():
                     times[name].setdefault(k, []).extend(v)
-                print(f"round {i} {name}: {statistics.median(phases(r)['iteration']):.2f} s an iteration", flush=True)
+                print(f"round {i} {name}: {statistics.median(p['iteration']):.2f} s an iteration", flush=True)
     print(f"\n{a.preset}, {a.threads} threads, medians over iterations 1-{a.iterations - 1} of {a.rounds} runs each")
     print(f"{'phase':<20}{'A (s)':>10}{'B (s)':>10}{'A/B':>8}")
     for k in sorted(set(times["A"]) | set(times["B"]), key=lambda k: (k == "iteration", k)):
