@@ -1,7 +1,7 @@
 """Did staleness arise? The pre-registration's two criteria (RESULTS.md, "Did staleness arise?"),
 from each replay run's metrics.jsonl: the mean replayed age and the mean per-token KL(mu || pi)
 of replayed trajectories (k3) over the run's last 10 iterations, and the run's drift time
-1/(2r) from its KL-by-age line (trainer/replay_stats.py, as freshper compare's table).
+1/(2r) from its KL-by-age line (trainer/replay_stats.replay_summary, as freshper compare's table).
 
     python results/compare-study-multiply/staleness.py [FOLDER]   (default: this file's folder)
 """
@@ -11,7 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from freshper.trainer.replay_stats import drift_fit, kl_by_age
+from freshper.trainer.replay_stats import replay_summary
 
 ARMS = ("uniform", "per-gate", "per", "freshper")
 
@@ -34,8 +34,7 @@ def main(folder: Path):
             rows = [r for r in rows if "replay_age_mean" in r]
             age.append(last10(rows, "replay_age_mean"))
             kl.append(last10(rows, "replay_kl"))
-            r = drift_fit(kl_by_age(rows))[0]
-            drift.append(1 / (2 * r) if r > 0 else math.inf)
+            drift.append(replay_summary(rows)["drift_time"])
         k = statistics.fmean(kl)
         print(f"| {arm} | {len(runs)} | {statistics.fmean(age):.2f} (per seed {min(age):.1f}-{max(age):.1f}) "
               f"| {k:.3f} (per seed {min(kl):.3f}-{max(kl):.3f}) | {math.exp(-2 * k):.2f} "
