@@ -1,0 +1,59 @@
+"""The registered readouts, recomputed from the runs' metrics.jsonl alone, apart from
+`freshper compare`'s code: each run's final validation avg@4 (`final_eval_success`, all 31
+held-out problems x 4 replies after the last iteration), paired by seed, mean difference and its
+95% t-interval (scipy's t quantile, not trainer/intervals.py's table), and the reading rule of
+RESULTS.md applied to each contrast it names.
+
+    python results/compare-study-multiply/readout.py [FOLDER]   (default: this file's folder;
+    needs scipy, in the dev extra)
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from scipy.stats import t
+
+ARMS = ("on-policy-matched", "uniform", "per-gate", "per", "freshper")
+# (arm, baseline), primary first; the rest are the registration's secondary contrasts.
+CONTRASTS = (("freshper", "on-policy-matched"), ("uniform", "on-policy-matched"),
+             ("per-gate", "on-policy-matched"), ("per", "on-policy-matched"),
+             ("freshper", "per"), ("freshper", "per-gate"))
+
+
+def final_eval(run: Path) -> float:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r["final_eval_success"] for r in rows if "final_eval_success" in r]
+    if len(last) != 1:
+        raise ValueError(f"{run}: expected one final validation, found {len(last)}")
+    return last[0]
+
+
+def reading(lo: float, hi: float) -> str:
+    if lo > 0:
+        return "beats"
+    if hi < 0:
+        return "worse"
+    return "no difference detected"
+
+
+def main(folder: Path):
+    seeds = sorted({int(p.parent.name.rsplit("-s", 1)[1]) for p in folder.glob("*-s*/DONE")})
+    val = {a: {s: final_eval(folder / f"{a}-s{s}") for s in seeds} for a in ARMS}
+    print("final validation avg@4 by seed\n\n| arm | " + " | ".join(f"s{s}" for s in seeds)
+          + " | mean |\n|---|" + "---|" * (len(seeds) + 1))
+    for a in ARMS:
+        v = [val[a][s] for s in seeds]
+        print(f"| {a} | " + " | ".join(f"{x:.3f}" for x in v) + f" | {statistics.fmean(v):.3f} |")
+    print("\npaired differences, mean and 95% t-interval\n\n"
+          "| contrast | seeds | mean | 95% interval | higher on | reading |\n|---|---|---|---|---|---|")
+    for a, b in CONTRASTS:
+        d = [val[a][s] - val[b][s] for s in seeds]
+        m, n = statistics.fmean(d), len(d)
+        h = t.ppf(0.975, n - 1) * statistics.stdev(d) / n ** 0.5
+        print(f"| {a} - {b} | {n} | {m:+.3f} | [{m - h:+.3f}, {m + h:+.3f}] | {sum(x > 0 for x in d)}/{n} "
+              f"| {reading(m - h, m + h)} |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent)
