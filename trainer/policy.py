@@ -25,6 +25,7 @@ from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
 from .config import Config
 from .dist import SINGLE, Dist
+from .prefix import reply_starts
 from .sharding import PolicyNet, shard
 
 
@@ -102,6 +103,16 @@ class Policy:
         return (torch.zeros((1, 2), dtype=torch.long, device=self.device),
                 torch.full((1,), 2, dtype=torch.long, device=self.device), {})
 
+    def _starts(self, mask: torch.Tensor, lengths: torch.Tensor, vision) -> torch.Tensor | None:
+        """(R,) where each row's reply begins, for the shared-prompt forward (trainer/prefix.py),
+        or None where rows run whole: `model.share_prefix` off, rows with images, or several
+        ranks (FSDP2 would gather every layer twice per micro-batch; not tested there), or with
+        gradient checkpointing (Hugging Face turns the key/value cache off under it)."""
+        m = self.cfg.model
+        if not m.share_prefix or m.gradient_checkpointing or vision is not None or self.dist.on:
+            return None
+        return reply_starts(mask, lengths)
+
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
     def logprobs(self, tokens: torch.Tensor, mask: torch.Tensor, ref: bool = False, vision=None) -> torch.Tensor:
@@ -112,6 +123,7 @@ class Policy:
         tokens, mask = tokens.to(self.device), mask.to(self.device)
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
         lengths = row_lengths(mask)
+        starts = self._starts(mask, lengths, vision)
         mb = self.cfg.algo.micro_batch
         for i in range(self._micro_batches(tokens.shape[0])):
             sl = slice(i * mb, (i + 1) * mb)
@@ -125,6 +137,7 @@ class Policy:
             sel = mk[:, 1:]
             lp = net(tk, lengths[sl],
                      lambda h, w: token_logprobs(h[sel], w, tk[:, 1:][sel], exclude=self.exclude)[0],
+                     starts=None if starts is None else starts[sl],
                      **(vision.kwargs(sl, tk) if vision is not None else {}))
             block = out[sl, 1:n]
             block[sel] = lp.float()
@@ -153,6 +166,7 @@ class Policy:
         self.net.train()
         ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None else None
         lengths = row_lengths(mask)
+        starts = self._starts(mask, lengths, vision)
         resp = mask[:, 1:]
         # the global batch's token and sequence counts normalise every rank's loss
         total_tok, total_seq = self.dist.sum(torch.stack([resp.sum(), resp.any(1).sum()]))
@@ -181,7 +195,7 @@ class Policy:
                 ref_logp=cut(ref_logp),
                 kl_coef=a.kl_coef if ref_logp is not None else 0.0,
                 tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
-                exclude=self.exclude),
+                exclude=self.exclude), starts=None if starts is None else starts[sl],
                 **(vision.kwargs(sl, tk) if vision is not None else {}))
             if own:  # this forward's log-probs are the old policy's: kept for the caller
                 old_logp[sl, 1:n] = st["logp"]

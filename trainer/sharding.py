@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .prefix import shared_prefix_hidden
+
 
 def _parts(model):
     """(decoder returning hidden states, LM-head weight) of a Hugging Face causal LM."""
@@ -53,13 +55,18 @@ class PolicyNet(nn.Module):
         # flash-attention 2 in transformers. sdpa and eager would attend across packed rows.
         self.packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
 
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, fn: Callable, **vision):
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, fn: Callable, starts: torch.Tensor | None = None,
+                **vision):
         """tokens (R, n) int64, lengths (R,) valid tokens per row; returns fn(hidden (R, n - 1, H)
-        at the positions that predict tokens 1..n-1, head weight (V, H)). `vision`: a VLM's
-        pixel_values, image_grid_thw and mm_token_type_ids for these rows (trainer/vision.py);
-        rows with images run padded, not packed."""
+        at the positions that predict tokens 1..n-1, head weight (V, H)). `starts` (R,): where
+        each row's reply begins, to run each distinct prompt once (trainer/prefix.py; padded text
+        rows only; None: every row whole). `vision`: a VLM's pixel_values, image_grid_thw and
+        mm_token_type_ids for these rows (trainer/vision.py); rows with images run padded, not
+        packed."""
         decoder, head = _parts(self.model)
-        if self.packed and not vision:
+        if starts is not None and not vision and not self.packed:
+            hidden = shared_prefix_hidden(decoder, tokens, lengths, starts)
+        elif self.packed and not vision:
             ids, pos, keep = pack(tokens, lengths)
             hidden = unpack(decoder(input_ids=ids, position_ids=pos).last_hidden_state, keep)
         else:
