@@ -161,3 +161,49 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
         err = (out["shared"][i] - out["whole"][i]).abs().max()
         base_err = (out["whole"][i] - out["whole64"][i]).abs().max()
         assert err <= 4 * base_err + 1e-9, f"{what}: shared vs whole {err:.3g}, float32's own error {base_err:.3g}"
+
+
+def test_hf_engine_prefills_each_distinct_prompt_once():
+    """HFEngine with share_prompts against without, on a batch that repeats three prompts of
+    different lengths (left padding differs between them): the same greedy replies, and
+    log-probs within 4x the float32 engine's own error against the same engine in float64.
+    Checked once to fail: prompt positions numbered 0.. from the padded start (not by the
+    attention mask) and every row on the first prompt's cache."""
+    from freshper.trainer import config
+    from freshper.trainer.chat import Episode
+    from freshper.trainer.engines.base import Sampling
+    from freshper.trainer.engines.hf import HFEngine
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.model import env_kwargs, load_policy
+
+    cfg = config.load("tiny", None, {"train.sft_steps": 0})
+    torch.manual_seed(0)
+    model, tok, _ = load_policy(cfg, torch.device("cpu"))
+    env = make_env("frozenlake", **env_kwargs(cfg))
+    distinct = [Episode(tok, env.opening(env.reset(s), 8)).ids for s in range(3)]
+    distinct[1] = distinct[1][:-5]  # three lengths: the rows' left padding differs
+    prompts = [distinct[i] for i in (0, 1, 0, 2, 1, 0)]
+    greedy = Sampling(0.0, 1.0, 0)
+    runs = {}
+    for name, share, dtype in (("shared", True, torch.float32), ("whole", False, torch.float32),
+                               ("whole64", False, torch.float64)):
+        engine = HFEngine(model.to(dtype), tok, share_prompts=share)
+        if share:
+            assert engine._prompt_cache(*_left_padded(prompts, tok.pad_token_id), "cpu") is not None
+        runs[name] = engine.generate(prompts, 12, greedy)
+    model.float()
+    assert runs["shared"].token_ids == runs["whole"].token_ids
+    flat = {k: torch.tensor([x for row in g.logprobs for x in row], dtype=torch.float64) for k, g in runs.items()}
+    err = (flat["shared"] - flat["whole"]).abs().max()
+    base_err = (flat["whole"] - flat["whole64"]).abs().max()
+    assert err <= 4 * base_err + 1e-9, f"shared vs whole {err:.3g}, float32's own error {base_err:.3g}"
+
+
+def _left_padded(prompts, pad):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    return ids, attn

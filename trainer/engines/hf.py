@@ -17,10 +17,30 @@ from .base import Engine, Generation, Sampling, cut_at_stop
 class HFEngine(Engine):
     name = "hf"
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, share_prompts: bool = True):
+        """`share_prompts`: prefill each distinct prompt of a batch once (a GRPO group's rows
+        repeat one prompt) and start every row's generation from its prompt's cache."""
         self.model = model
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
+        self.share_prompts = share_prompts
+
+    def _prompt_cache(self, ids: torch.Tensor, attn: torch.Tensor, device):
+        """A key/value cache of every row's prompt but its last token (left-padded ids, attn
+        (R, W)), each distinct prompt computed once and indexed out to its rows, at the
+        positions generate gives them (attention-mask cumsum); None where no two rows share a
+        prompt. generate then runs only the last prompt token and the reply on top of it."""
+        from ..prefix import prefix_groups
+
+        first, group = prefix_groups(torch.cat([ids, attn], 1), torch.full((ids.shape[0],), 2 * ids.shape[1]))
+        if len(first) == ids.shape[0] or ids.shape[1] < 2:
+            return None
+        pos = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 0)
+        out = self.model.base_model(input_ids=ids[first, :-1].to(device), attention_mask=attn[first, :-1].to(device),
+                                    position_ids=pos[first, :-1].to(device), use_cache=True)
+        cache = out.past_key_values
+        cache.batch_select_indices(group.to(device))
+        return cache
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
@@ -52,16 +72,20 @@ class HFEngine(Engine):
         gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=self.stops, pad_token_id=pad, output_scores=True,
                                    return_dict_in_generate=True)
-        vision = {}
+        extra = {}  # generate's other inputs: a VLM's images, or the prompts' shared cache
         if images:
             # M-RoPE numbers image tokens by mm_token_type_ids; without it generate treats them as text
             with_px = [v for v in images if v.pixel_values.numel()]
             if with_px:
-                vision = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
-                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
-                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
+                extra = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
+                         "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
+                         "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
+        elif self.share_prompts and getattr(self.model.config, "vision_config", None) is None:  # text models
+            cache = self._prompt_cache(ids, attn, device)
+            if cache is not None:
+                extra = {"past_key_values": cache}
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
-                                  **vision)
+                                  **extra)
         self.model.train(was_training)
         new_dev = out.sequences[:, width:]
         # One step at a time on the device, keeping only the sampled token's log-prob: never a
