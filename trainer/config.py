@@ -86,11 +86,11 @@ class ModelConfig:
         choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash', resume=True)
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory",
         bad='maybe', resume=True)
-    share_prefix: bool = opt(True, "training forwards run each distinct prompt once and its replies on its cached "
-                                   "keys/values (a GRPO group's G rows share one prompt): the same math, fewer FLOPs, "
-                                   "float32 rounding not bit-equal to running every row whole; padded text rows on "
-                                   "one process (not images, flash-attention's packed rows, torchrun or gradient "
-                                   "checkpointing)",
+    share_prefix: bool = opt(True, "training forwards and the HF engine's prefill run each distinct prompt once, "
+                                   "the replies on its cached keys/values (a GRPO group's G rows share one prompt): "
+                                   "the same math, fewer FLOPs, float32 rounding not bit-equal to running every row "
+                                   "whole; training: padded text rows on one process (not images, flash-attention's "
+                                   "packed rows, torchrun or gradient checkpointing)",
         bad='maybe', resume=True)
     lora_rank: int = opt(0, "LoRA adapters of this rank on model.lora_targets, the base weights frozen (peft; "
                             "checkpoints keep only the adapters, vLLM and export get merged weights); 0: train "
