@@ -105,11 +105,13 @@ class Policy:
 
     def _starts(self, mask: torch.Tensor, lengths: torch.Tensor, vision) -> torch.Tensor | None:
         """(R,) where each row's reply begins, for the shared-prompt forward (trainer/prefix.py),
-        or None where rows run whole: `model.share_prefix` off, rows with images, or several
-        ranks (FSDP2 would gather every layer twice per micro-batch; not tested there), or with
-        gradient checkpointing (Hugging Face turns the key/value cache off under it)."""
+        or None where rows run whole: `model.share_prefix` off, a vision-language model (its
+        M-RoPE positions come from the whole row), several ranks (FSDP2 would gather every layer
+        twice per micro-batch; not tested there), or gradient checkpointing (Hugging Face turns
+        the key/value cache off under it)."""
         m = self.cfg.model
-        if not m.share_prefix or m.gradient_checkpointing or vision is not None or self.dist.on:
+        vlm = vision is not None or getattr(self.model.config, "vision_config", None) is not None
+        if not m.share_prefix or m.gradient_checkpointing or vlm or self.dist.on:
             return None
         return reply_starts(mask, lengths)
 
