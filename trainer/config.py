@@ -89,7 +89,7 @@ class ModelConfig:
     share_prefix: bool = opt(True, "training forwards and the HF engine's prefill run each distinct prompt once, "
                                    "the replies on its cached keys/values (a GRPO group's G rows share one prompt): "
                                    "the same math, fewer FLOPs, float32 rounding not bit-equal to running every row "
-                                   "whole; training: padded text rows on one process (not images, flash-attention's "
+                                   "whole; text models only; training: padded rows on one process (not flash-attention "
                                    "packed rows, torchrun or gradient checkpointing)",
         bad='maybe', resume=True)
     lora_rank: int = opt(0, "LoRA adapters of this rank on model.lora_targets, the base weights frozen (peft; "
