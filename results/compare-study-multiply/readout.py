@@ -2,7 +2,8 @@
 `freshper compare`'s code: each run's final validation avg@4 (`final_eval_success`, all 31
 held-out problems x 4 replies after the last iteration), paired by seed, mean difference and its
 95% t-interval (scipy's t quantile, not trainer/intervals.py's table), and the reading rule of
-RESULTS.md applied to each contrast it names.
+RESULTS.md applied to each contrast it names. Then, for RESULTS.md's description, each arm's mean
+validation by iteration and its median run time.
 
     python results/compare-study-multiply/readout.py [FOLDER]   (default: this file's folder;
     needs scipy, in the dev extra)
@@ -21,9 +22,12 @@ CONTRASTS = (("freshper", "on-policy-matched"), ("uniform", "on-policy-matched")
              ("freshper", "per"), ("freshper", "per-gate"))
 
 
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def final_eval(run: Path) -> float:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    last = [r["final_eval_success"] for r in rows if "final_eval_success" in r]
+    last = [r["final_eval_success"] for r in metrics(run) if "final_eval_success" in r]
     if len(last) != 1:
         raise ValueError(f"{run}: expected one final validation, found {len(last)}")
     return last[0]
@@ -53,6 +57,18 @@ def main(folder: Path):
         h = t.ppf(0.975, n - 1) * statistics.stdev(d) / n ** 0.5
         print(f"| {a} - {b} | {n} | {m:+.3f} | [{m - h:+.3f}, {m + h:+.3f}] | {sum(x > 0 for x in d)}/{n} "
               f"| {reading(m - h, m + h)} |")
+    print("\nmean validation avg@4 over the seeds by iteration, and median run seconds (DONE) over seeds 1-9\n"
+          "(uniform-s1's and per-gate-s1's DONE hold only their resumed part: machines.md)\n\n"
+          "| arm | it. 0 | it. 10 | it. 20 | final | median run s |\n|---|---|---|---|---|---|")
+    for a in ARMS:
+        by_it: dict[int, list[float]] = {}
+        for s in seeds:
+            for r in metrics(folder / f"{a}-s{s}"):
+                if "eval_success" in r:
+                    by_it.setdefault(r["iteration"], []).append(r["eval_success"])
+        secs = [float((folder / f"{a}-s{s}" / "DONE").read_text().split()[0]) for s in seeds if s >= 1]
+        cols = " | ".join(f"{statistics.fmean(by_it[i]):.3f}" for i in sorted(by_it))
+        print(f"| {a} | {cols} | {statistics.fmean(val[a].values()):.3f} | {statistics.median(secs):.0f} |")
 
 
 if __name__ == "__main__":

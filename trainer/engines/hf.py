@@ -32,6 +32,8 @@ class HFEngine(Engine):
         prompt. generate then runs only the last prompt token and the reply on top of it."""
         from ..prefix import prefix_groups
 
+        # keyed on ids and mask together: the pad id can be a real token, so ids alone could
+        # match a shorter prompt to a longer one that starts with that token
         first, group = prefix_groups(torch.cat([ids, attn], 1), torch.full((ids.shape[0],), 2 * ids.shape[1]))
         if len(first) == ids.shape[0] or ids.shape[1] < 2:
             return None
