@@ -4,9 +4,14 @@ On CUDA the public functions run the Triton kernels; elsewhere the torch referen
 this package loads triton where it is installed; `import freshper` (the buffer) does not import
 this package until its first sample.
 """
-from .fused_linear_policy_loss import fused_linear_policy_loss, token_logprobs
-from .policy_loss import AGGREGATIONS, loss_and_grad, policy_loss, policy_loss_reference, policy_loss_triton
-from .sampler import sample, sample_reference, sample_triton
+if __name__ == "kernels":  # this folder, imported by its bare name from the checkout's root
+    from freshper._checkout import defer_to_installed
 
-__all__ = ["policy_loss", "fused_linear_policy_loss", "policy_loss_reference", "policy_loss_triton",
-           "loss_and_grad", "token_logprobs", "sample", "sample_reference", "sample_triton", "AGGREGATIONS"]
+    defer_to_installed(__name__)
+else:
+    from .fused_linear_policy_loss import fused_linear_policy_loss, token_logprobs
+    from .policy_loss import AGGREGATIONS, loss_and_grad, policy_loss, policy_loss_reference, policy_loss_triton
+    from .sampler import sample, sample_reference, sample_triton
+
+    __all__ = ["policy_loss", "fused_linear_policy_loss", "policy_loss_reference", "policy_loss_triton",
+               "loss_and_grad", "token_logprobs", "sample", "sample_reference", "sample_triton", "AGGREGATIONS"]
