@@ -7,8 +7,9 @@ pytest`, `torchrun -m`, setuptools running setup.py) has that root on `sys.path`
 `import kernels` would find the folder before an installed distribution of the same name:
 Hugging Face's `kernels`, which transformers 5.25 imports, is one. Each folder's `__init__.py`
 calls `defer_to_installed` when it is being imported by its bare name; the installed
-distribution then takes the name, or, with none installed, the import fails as it would
-outside the checkout.
+distribution then takes the name. With none installed the bare name stays an empty module,
+not an error: libraries probe for optional packages by importing them (transformers 5.19 imports
+`kernels` whenever `find_spec` finds one, and reads a module without a version as absent).
 """
 import importlib.machinery
 import importlib.util
@@ -21,12 +22,11 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def defer_to_installed(name: str) -> None:
     """Replace `sys.modules[name]` (a top-level folder of this checkout being imported by its
     bare name) by the installed module of that name, found on `sys.path` without the checkout's
-    root. Raises ModuleNotFoundError, naming the `freshper.` name, where none is installed."""
+    root. Where none is installed, nothing changes: the caller leaves its module empty."""
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != CHECKOUT]
     spec = importlib.machinery.PathFinder.find_spec(name, rest)
     if spec is None:
-        raise ModuleNotFoundError(f"No module named {name!r}: the checkout's {name}/ folder is freshper.{name} "
-                                  f"(import it by that name)", name=name)
+        return
     module = importlib.util.module_from_spec(spec)
     # The import statement returns whatever sys.modules holds once this body ends.
     sys.modules[name] = module

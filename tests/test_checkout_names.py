@@ -59,18 +59,19 @@ def test_the_kernels_api_is_unchanged_beside_an_installed_kernels(installed):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_bare_name_is_never_the_folder(name):
     """Here, as in a user's venv: the bare import gives the installed distribution where there is
-    one (HF's kernels beside transformers 5.25), else fails naming the freshper name."""
+    one (HF's kernels beside transformers 5.25), else an empty module: transformers 5.19 imports
+    whatever find_spec finds and must not fail on it."""
     r = _run(f"""
         import importlib.machinery, os, sys
         rest = [p for p in sys.path if os.path.abspath(p or '.') != {str(ROOT)!r}]
         print(importlib.machinery.PathFinder.find_spec({name!r}, rest) is not None)
         import {name}
         print({name}.__file__)
+        print(sorted(k for k in vars({name}) if not k.startswith("__")))
     """)
-    if r.stdout.startswith("True"):
-        assert r.returncode == 0, r.stderr
-        assert not r.stdout.splitlines()[1].startswith(str(ROOT)), r.stdout
+    assert r.returncode == 0, r.stderr
+    installed, where, names = r.stdout.splitlines()
+    if installed == "True":
+        assert not where.startswith(str(ROOT)), where
     else:
-        assert r.returncode != 0
-        assert f"ModuleNotFoundError: No module named '{name}'" in r.stderr
-        assert f"freshper.{name}" in r.stderr
+        assert names == "[]", names  # the folder's own names stay under freshper.{name}
