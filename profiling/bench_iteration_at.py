@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from freshper.profiling.nvtx import compute_seconds
+
 SAME = ("loss", "reward", "success", "grad_norm", "replay_loss", "gen_tokens")
 
 
@@ -40,10 +42,9 @@ def phases(rows: list[dict]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for r in rows[1:]:
         for k, v in r.items():
-            if k.startswith("time_") and k != "time_eval" and k != "time_rollout":  # rollout = generate + env
+            if k.startswith("time_") and k != "time_eval":
                 out.setdefault(k[5:], []).append(v)
-        out.setdefault("iteration", []).append(
-            sum(v for k, v in r.items() if k.startswith("time_") and k not in ("time_eval", "time_rollout")))
+        out.setdefault("iteration", []).append(compute_seconds(r))
     return out
 
 

@@ -8,7 +8,8 @@ paired by seed against the control arm (the first of --arms):
 - validation at equal optimizer updates: each arm's validation curve, as a function of the updates
   made before it ran, read at the fewest updates any arm of that seed makes in all;
 - validation at equal measured compute: the same against the seconds of training work (every
-  timed phase but validation and checkpoints), read at the least any arm of the seed spends.
+  timed phase but validation and checkpoints, each second once: compute_seconds), read at the
+  least any arm of the seed spends.
   Seconds compare only on one machine: a seed whose arms ran on different machines (source.json's
   "machine") is left out of this readout, and the table says how many were;
 - env steps to reach the control's final validation (the rollout volume each arm needs for the
@@ -25,14 +26,10 @@ import math
 
 import numpy as np
 
+from freshper.profiling.nvtx import compute_seconds
+
 from .intervals import mean_ci
 
-UNTIMED = ("time_eval", "time_checkpoint")  # not training work
-
-
-def compute_seconds(row: dict) -> float:
-    """Seconds of training work in one iteration: its timed phases but validation and checkpoints."""
-    return sum(v for k, v in row.items() if k.startswith("time_") and k not in UNTIMED)
 
 
 def cumulative(rows: list[dict], x: str) -> list[float] | None:
@@ -86,21 +83,53 @@ def final_x(rows: list[dict], x: str) -> float:
     return math.nan if not cum else float(cum[-1])
 
 
+def study_machines(folder) -> dict[str, str]:
+    """{run name: machine type} from a study folder's machines.md, {} where it has none. The file's
+    table has a "type" column (one name per machine type) and a "runs" column listing run names
+    (`<arm>-s<seed>`); a run listed under two types gets both, joined by " + "."""
+    import re
+    from pathlib import Path
+
+    path = Path(folder) / "machines.md"
+    if not path.is_file():
+        return {}
+    out: dict[str, set] = {}
+    header = None
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or set(cells[0]) <= set("-: "):
+            continue
+        if header is None:
+            header = [c.lower() for c in cells]
+            if "type" not in header or "runs" not in header:
+                raise ValueError(f"{path}: its table needs a 'type' and a 'runs' column, has {header}")
+            continue
+        kind = cells[header.index("type")]
+        for run in re.findall(r"\b[a-z][a-z-]*-s\d+\b", cells[header.index("runs")]):
+            out.setdefault(run, set()).add(kind)
+    return {run: " + ".join(sorted(kinds)) for run, kinds in out.items()}
+
+
 def run_machine(job: dict) -> str | None:
     """The machine a run ran on, as one comparable string: the job's "machine", else its folder's
-    source.json (resumes included: a run resumed elsewhere has two); None when not recorded."""
+    source.json (resumes included: a run resumed elsewhere has two), else the machine type its
+    study folder's machines.md gives it; None when none of them records it."""
     if "machine" in job:
         return job["machine"]
     import json
     from pathlib import Path
 
-    path = Path(job.get("run", "")) / "source.json"
-    if not job.get("run") or not path.is_file():
+    if not job.get("run"):
         return None
-    info = json.loads(path.read_text())
-    seen = [info.get("machine")] + [r.get("machine") for r in info.get("resumed", [])]
-    known = sorted({json.dumps(m, sort_keys=True) for m in seen if m})
-    return " + ".join(known) if known else None
+    run = Path(job["run"])
+    path = run / "source.json"
+    if path.is_file():
+        info = json.loads(path.read_text())
+        seen = [info.get("machine")] + [r.get("machine") for r in info.get("resumed", [])]
+        known = sorted({json.dumps(m, sort_keys=True) for m in seen if m})
+        if known:
+            return " + ".join(known)
+    return study_machines(run.parent).get(run.name)
 
 
 def matched(by_label: dict, key: str = "eval_success") -> dict:
@@ -117,13 +146,17 @@ def matched(by_label: dict, key: str = "eval_success") -> dict:
     seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
     control = labels[0]
     out: dict = {label: {} for label in labels}
-    mixed = [s for s in seeds if len({machines[label][s] for label in labels} - {None}) > 1]
+    # seconds compare only on one machine: a seed whose arms ran on two, or whose machine is not
+    # recorded for every arm, is left out of the compute readout (and counted in the table)
+    unknown = [s for s in seeds if any(machines[label][s] is None for label in labels)]
+    mixed = [s for s in seeds if s not in unknown and len({machines[label][s] for label in labels}) > 1]
     out[control]["compute_mixed_machines"] = mixed
+    out[control]["compute_unrecorded_machines"] = unknown
     for x in ("updates", "compute"):
         at = {}
         for s in seeds:
             finals = [final_x(runs[label][s], x) for label in labels]
-            if any(math.isnan(f) for f in finals) or (x == "compute" and s in mixed):
+            if any(math.isnan(f) for f in finals) or (x == "compute" and (s in mixed or s in unknown)):
                 continue
             at[s] = min(finals)
         vals = {label: {s: value_at(eval_track(runs[label][s], x, key), at[s]) for s in at} for label in labels}
@@ -150,30 +183,33 @@ def matched_table(by_label: dict, budget: int, key: str = "eval_success") -> tup
         return "", {}
     control = next(iter(res))
 
-    def cell(v):
+    def cell(v, left_out=False):
         if v is None:
-            return "n/a (not logged)"
+            return "n/a (seeds left out, above)" if left_out else "n/a (not logged)"
         m, h, wins, n, _ = v
         return f"{m:.3f} (—) [{wins}/{n}]" if math.isnan(h) else f"{m:.3f} ± {h:.3f} [{wins}/{n}]"
 
     lines = [f"\n\nMatched readouts, paired by seed against {control} (mean ± 95% t-interval of the difference in "
              f"{key}; in brackets, on how many seeds the arm is higher): at the fewest optimizer updates any arm "
              "of the seed makes, at the least training compute (seconds of every timed phase but validation "
-             f"and checkpoints) any arm of the seed spends; and the env steps each arm needs to reach "
+             f"and checkpoints, each second once) any arm of the seed spends; and the env steps each arm needs to reach "
              f"{control}'s final {key} (median over the seeds that reach it within the {budget}-step budget, "
              "linear between validation points)\n",
              "| arm | at equal updates | at equal compute | env steps to reach the control's final | reached |",
              "|---|---|---|---|---|"]
-    mixed = res[control]["compute_mixed_machines"]
+    mixed, unknown = res[control]["compute_mixed_machines"], res[control]["compute_unrecorded_machines"]
     if mixed:
         lines[0] += (f"\nAt equal compute, {len(mixed)} seed(s) are left out because their arms ran on different "
-                     f"machines (source.json): {mixed}\n")
+                     f"machines (source.json, or the study's machines.md): {mixed}\n")
+    if unknown:
+        lines[0] += (f"\nAt equal compute, {len(unknown)} seed(s) are left out because no machine is recorded for "
+                     f"some of their arms (neither source.json nor a machines.md beside the runs): {unknown}\n")
     js = {}
     for label, r in res.items():
         med, ok, n, steps = r["reach"]
         reach = "—" if math.isnan(med) else f"{med:.0f}"
         up = "(control)" if label == control else cell(r["updates"])
-        co = "(control)" if label == control else cell(r["compute"])
+        co = "(control)" if label == control else cell(r["compute"], bool(mixed or unknown))
         lines.append(f"| {label} | {up} | {co} | {reach} | {ok}/{n} |")
         js[label] = {"reach_median_env_steps": med, "reached": ok, "seeds": n, "reach_per_seed": steps}
         for x in ("updates", "compute"):

@@ -20,7 +20,9 @@ def run(its, updates_per_it, secs_per_it, evals, final, steps_per_it=32):
 
 
 def by_label(**arms):
-    return {label: [({"seed": s}, rows, {}) for s, rows in enumerate(seeds)] for label, seeds in arms.items()}
+    """Every run on one machine, as compare's jobs record it."""
+    return {label: [({"seed": s, "machine": "one"}, rows, {}) for s, rows in enumerate(seeds)]
+            for label, seeds in arms.items()}
 
 
 def test_tracks_sit_where_validation_ran():
@@ -84,8 +86,73 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_compute_readout_on
     assert res["control"]["compute_mixed_machines"] == [1]
     table, _ = matched_table(arms, 320)
     assert "1 seed(s) are left out because their arms ran on different machines" in table
-    unknown = by_label(control=control, replay=replay)  # not recorded (older runs): kept
-    assert matched(unknown)["replay"]["compute"][3] == 2
+    unknown = by_label(control=control, replay=replay)  # not recorded (older runs): left out, and said
+    for items in unknown.values():
+        for j, _, _ in items:
+            del j["machine"]
+    assert matched(unknown)["replay"]["compute"] is None
+    assert matched(unknown)["control"]["compute_unrecorded_machines"] == [0, 1]
+    table, _ = matched_table(unknown, 320)
+    assert "2 seed(s) are left out because no machine is recorded" in table
+
+
+def test_a_studys_machines_md_gives_the_machine_of_runs_that_record_none(tmp_path):
+    """The study's runs predate source.json's machine: its machines.md table names each run's type.
+    Seed 0's arms ran on two types there, so seed 0 leaves the compute readout; seed 1 stays."""
+    from freshper.trainer.compare_readouts import run_machine, study_machines
+
+    (tmp_path / "machines.md").write_text(
+        "# machines\n\n| date | type | machine (lscpu) | runs |\n|---|---|---|---|\n"
+        "| d1 | SLOW | a | control-s0 (beside a test) |\n"
+        "| d2 | FAST | b | replay-s0, control-s1 and replay-s1 (stopped and resumed) |\n")
+    assert study_machines(tmp_path) == {"control-s0": "SLOW", "replay-s0": "FAST", "control-s1": "FAST",
+                                        "replay-s1": "FAST"}
+    assert run_machine({"run": tmp_path / "replay-s1"}) == "FAST"
+    assert run_machine({"run": tmp_path / "replay-s7"}) is None
+    control = [run(10, 1, 1.0, {0: 0.1, 5: 0.3}, 0.5), run(10, 1, 1.0, {0: 0.2, 5: 0.2}, 0.4)]
+    replay = [run(10, 2, 2.0, {0: 0.1, 5: 0.5}, 0.9), run(10, 2, 2.0, {0: 0.2, 5: 0.3}, 0.3)]
+    arms = by_label(control=control, replay=replay)
+    for label, items in arms.items():
+        for j, _, _ in items:
+            del j["machine"]
+            j["run"] = tmp_path / f"{label}-s{j['seed']}"
+    res = matched(arms)
+    assert res["control"]["compute_mixed_machines"] == [0]
+    assert res["replay"]["compute"][4] == pytest.approx([-0.1])  # seed 1 alone
+    (tmp_path / "machines.md").write_text("| date | machine | runs |\n|---|---|---|\n| d | a | control-s0 |\n")
+    with pytest.raises(ValueError, match="'type'"):
+        study_machines(tmp_path)
+
+
+def test_compute_counts_a_nested_phase_once():
+    """The rollout is timed around generation and the env's steps: the sum counts the rollout (its
+    parts and the glue between them) once. Summing every time_* key would give 24.5 s here."""
+    from freshper.profiling.nvtx import compute_seconds
+
+    row = {"time_rollout": 10.0, "time_generate": 9.0, "time_env_step": 0.5, "time_onpolicy_update": 5.0,
+           "time_eval": 100.0, "time_checkpoint": 3.0, "loss": 1.0}
+    assert compute_seconds(row) == pytest.approx(15.0)
+    assert compute_seconds({k: v for k, v in row.items() if k != "time_rollout"}) == pytest.approx(14.5)
+    assert eval_track([{**row, "eval_success": 0.1}, {**row, "final_eval_success": 0.2}], "compute") == \
+        [(0.0, 0.1), (30.0, 0.2)]
+
+
+def test_phases_refuse_a_nesting_compute_would_count_twice():
+    from freshper.profiling.nvtx import Phases
+
+    P = Phases()
+    with P("rollout"):
+        with P("generate"):
+            pass
+        with P("env_step"):
+            pass
+    assert set(P.take()) == {"rollout", "generate", "env_step"}
+    with pytest.raises(RuntimeError, match="'sample' opened inside 'onpolicy_update'"):
+        with P("onpolicy_update"):
+            with P("sample"):
+                pass
+    with P("sample"):  # the stack is clean after the refusal
+        pass
 
 
 def test_the_machine_is_read_from_the_run_folder(tmp_path):
