@@ -87,28 +87,34 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     ended = torch.zeros(E, dtype=torch.bool)
     valid = torch.zeros(E, dtype=torch.float32)
     steps = gen_tokens = 0
-    while True:
-        active = [i for i, env in enumerate(envs) if not env.done]
-        if not active:
-            break
-        with phase("generate"):
-            if vision:
-                ins = [eps[i].vision_inputs() for i in active]
-                gen = engine.generate([v.input_ids for v in ins], max_new_tokens, sampling, stop, images=ins)
-            else:
-                gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling, stop)
-        with phase("env_step"):
-            for j, i in enumerate(active):
-                text = eps[i].add_reply(gen.token_ids[j], gen.logprobs[j])
-                result = envs[i].step(text)
-                valid[i] += result.valid
-                gen_tokens += len(gen.token_ids[j])
-                if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
-                                                           limit=max_len - max_new_tokens,
-                                                           images=envs[i].images() if vision else ()):
-                    envs[i].done = True
-                    ended[i] = True
-        steps += len(active)
+    try:
+        while True:
+            active = [i for i, env in enumerate(envs) if not env.done]
+            if not active:
+                break
+            with phase("generate"):  # each episode is its own key: the engine may keep its cache for the next turn
+                if vision:
+                    ins = [eps[i].vision_inputs() for i in active]
+                    gen = engine.generate([v.input_ids for v in ins], max_new_tokens, sampling, stop, images=ins)
+                else:
+                    gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling, stop,
+                                          keys=[eps[i] for i in active])
+            with phase("env_step"):
+                for j, i in enumerate(active):
+                    text = eps[i].add_reply(gen.token_ids[j], gen.logprobs[j])
+                    result = envs[i].step(text)
+                    valid[i] += result.valid
+                    gen_tokens += len(gen.token_ids[j])
+                    if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
+                                                               limit=max_len - max_new_tokens,
+                                                               images=envs[i].images() if vision else ()):
+                        envs[i].done = True
+                        ended[i] = True
+                    if envs[i].done:
+                        engine.release([eps[i]])
+            steps += len(active)
+    finally:  # an error mid-rollout leaves no episode's cache behind
+        engine.release(eps)
     pad = tokenizer.pad_token_id
     tokens = torch.full((E, max_len), pad, dtype=torch.long)
     mask = torch.zeros((E, max_len), dtype=torch.bool)

@@ -54,10 +54,15 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 stop: tuple[str, ...] = ()) -> Generation:
+                 stop: tuple[str, ...] = (), keys: list | None = None) -> Generation:
         """Sample one reply per prompt (token ids) as `sampling` says, with the log-prob of each
         token under that sampling distribution. A reply ends at a stop token, at the token that
-        completes one of the `stop` strings (kept, as generated), or at max_new_tokens."""
+        completes one of the `stop` strings (kept, as generated), or at max_new_tokens.
+        `keys`: one hashable per prompt naming its episode; an engine may keep what it computed
+        for the episode's next, longer prompt until `release(keys)`."""
+
+    def release(self, keys) -> None:
+        """Forget what was kept for these episode keys (they ended). A no-op by default."""
 
     @abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> float:

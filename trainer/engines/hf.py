@@ -12,18 +12,36 @@ from transformers import GenerationConfig
 
 from ..model import stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
+from .turn_cache import TurnCache
 
 
 class HFEngine(Engine):
     name = "hf"
 
-    def __init__(self, model, tokenizer, share_prompts: bool = True):
+    def __init__(self, model, tokenizer, share_prompts: bool = True, turn_cache: bool = True):
         """`share_prompts`: prefill each distinct prompt of a batch once (a GRPO group's rows
-        repeat one prompt) and start every row's generation from its prompt's cache."""
+        repeat one prompt) and start every row's generation from its prompt's cache.
+        `turn_cache`: keep each episode's key/value cache between its turns (generate's `keys`),
+        so a turn prefills only its new tokens (turn_cache.py); text models with full attention."""
         self.model = model
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
         self.share_prompts = share_prompts
+        self.turns = TurnCache() if turn_cache and self._full_attention_text_model() else None
+
+    def _full_attention_text_model(self) -> bool:
+        c = self.model.config
+        if getattr(c, "vision_config", None) is not None:
+            return False
+        text = c.get_text_config(decoder=True) if hasattr(c, "get_text_config") else c
+        types = getattr(text, "layer_types", None)
+        if types is not None:
+            return all(t == "full_attention" for t in types)
+        return getattr(text, "sliding_window", None) is None or getattr(text, "use_sliding_window", True) is False
+
+    def release(self, keys) -> None:
+        if self.turns is not None:
+            self.turns.release(keys)
 
     def _prompt_cache(self, ids: torch.Tensor, attn: torch.Tensor, device):
         """A key/value cache of every row's prompt but its last token (left-padded ids, attn
@@ -46,20 +64,31 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 stop: tuple[str, ...] = (), images: list | None = None) -> Generation:
+                 stop: tuple[str, ...] = (), images: list | None = None, keys: list | None = None) -> Generation:
         """`stop`: strings that end a reply (after the token completing one). `images`: for a
         VLM, one trainer.vision.VisionInputs per prompt (its pixels and grids; the prompt's ids
-        already hold the image placeholders)."""
+        already hold the image placeholders). `keys`: one hashable per prompt naming its episode;
+        the episode's cache is kept for its next turn until `release`."""
         if not prompts:
             return Generation([], [])
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
         pad = self.tok.pad_token_id
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+        turns = self.turns if keys is not None and not images else None
+        cached = turns.cached_lengths(prompts, keys) if turns is not None else [0] * len(prompts)
+        extra = {}  # generate's other inputs: a VLM's images, or the cached keys/values
+        if any(cached):  # later turns: each row's cached conversation, then its new tokens
+            from transformers import DynamicCache
+
+            ids, attn, layers = turns.batch(prompts, keys, cached, pad)
+            extra = {"past_key_values": DynamicCache(ddp_cache_data=layers)}
+        else:
+            width = max(len(p) for p in prompts)
+            ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+                ids[i, width - len(p):] = torch.tensor(p)
+                attn[i, width - len(p):] = 1
+        width = ids.shape[1]
         was_training = self.model.training
         self.model.eval()
         # A fresh GenerationConfig: a hub model's own defaults (top-k, top-p, repetition penalty)
@@ -74,7 +103,6 @@ class HFEngine(Engine):
         gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
                                    eos_token_id=self.stops, pad_token_id=pad, output_scores=True,
                                    return_dict_in_generate=True)
-        extra = {}  # generate's other inputs: a VLM's images, or the prompts' shared cache
         if images:
             # M-RoPE numbers image tokens by mm_token_type_ids; without it generate treats them as text
             with_px = [v for v in images if v.pixel_values.numel()]
@@ -82,8 +110,8 @@ class HFEngine(Engine):
                 extra = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
-        elif self.share_prompts and getattr(self.model.config, "vision_config", None) is None:  # text models
-            cache = self._prompt_cache(ids, attn, device)
+        elif not extra and self.share_prompts and getattr(self.model.config, "vision_config", None) is None:
+            cache = self._prompt_cache(ids, attn, device)  # text models, first turns
             if cache is not None:
                 extra = {"past_key_values": cache}
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
@@ -108,6 +136,8 @@ class HFEngine(Engine):
             n = cut_at_stop(self.tok, row[:n], stop)
             token_ids.append(row[:n])
             logprobs.append(logp[i, :n].tolist())
+        if turns is not None:
+            turns.keep(out.past_key_values, attn, prompts, token_ids, keys)
         return Generation(token_ids, logprobs)
 
     @torch.no_grad()

@@ -181,9 +181,10 @@ class VLLMEngine(Engine):
         self.sync_weights(model)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
-                 stop: tuple[str, ...] = (), images: list | None = None) -> Generation:
+                 stop: tuple[str, ...] = (), images: list | None = None, keys: list | None = None) -> Generation:
         """`images`: for a VLM, one trainer.vision.VisionInputs per prompt (its `pngs` are the
-        images of the prompt's placeholders, in order)."""
+        images of the prompt's placeholders, in order). `keys` are not needed: vLLM's prefix
+        caching (on) finds a turn's earlier conversation in its block cache by content."""
         if not prompts:
             return Generation([], [])
         from vllm import SamplingParams
