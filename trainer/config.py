@@ -117,10 +117,16 @@ class EnvConfig:
                           "max_numbers: 4}\" (each checked against the class's signature and its default's type)",
         rule=lambda v: v == "" or v.lstrip().startswith("{"), allowed="empty or a YAML mapping {key: value, ...}",
         bad='target=3')
-    reward: str = opt("", "math: your reward function as package.module:function, called as f(reply, answer) -> "
-                          "float in place of env.scorer (no format penalty); empty: env.scorer",
+    reward: str = opt("", "math: your reward function as package.module:function, in place of env.scorer (no "
+                          "format penalty): f(reply, answer) -> float per reply, or TRL's batched form "
+                          "f(completions, **columns) -> list[float] (keywords completions, prompts, answer); "
+                          "empty: env.scorer",
         rule=lambda v: v == "" or re.fullmatch(r"[\w.]+:\w+", v) is not None,
         allowed="empty or package.module:function", bad='my_reward')
+    success_at: float = opt(1.0, "math: a reply whose reward is at least this counts as solved (success, "
+                                 "eval_success, compare's tables); 1.0 fits the built-in scorers' 0/1, and a "
+                                 "reward on another scale needs its own threshold",
+        rule=_finite, allowed="a finite number", bad='nan')
     max_turns: int = opt(10, "actions per episode (the paper's max_actions_per_traj)",
         rule=lambda v: 1 <= v <= 1000, allowed="in [1, 1000]", bad='0')
     format_penalty: float = opt(-0.15, "added to the return of a turn whose answer does not parse",
@@ -155,9 +161,10 @@ class EnvConfig:
         rule=lambda v: 0 <= v <= 9, allowed="in [0, 9] (0: env.digits)", bad='-1')
     operation: str = opt("add", "math without data: add | multiply",
         choices=("add", "multiply"), bad='divide')
-    held_out: float = opt(0.0, "math without data: the fraction of problems, split by content (a hash of the "
-                               "sorted operands), that only validation draws; 0: validation draws from the "
-                               "training distribution (with one-digit a + b it repeats training problems)",
+    held_out: float = opt(0.0, "math without data, sokoban and frozenlake: the fraction of problems or initial "
+                               "boards, split by content (a hash of the sorted operands, or of the board's text), "
+                               "that only validation draws; 0: validation draws from the training distribution "
+                               "(with one-digit a + b it repeats training problems)",
         rule=lambda v: 0 <= v < 1, allowed="in [0, 1)", bad='1')
     scorer: str = opt("verify", "math: verify (math-verify over the whole reply, no format penalty: the authors' "
                                 "code; rewards restating the question) | boxed (the last \\boxed{}, a format "

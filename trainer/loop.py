@@ -148,6 +148,7 @@ class Trainer:
         check_world(cfg, dist.world)
         self.tracker_names = parse_trackers(cfg.train.log_to) if dist.main else []
         check_trackers(self.tracker_names)  # a missing extra stops the start, before a model is built
+        make_env(cfg.env.name, **env_kwargs(cfg))  # its options (env.reward's form, held-out folds) fail now
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -197,7 +198,8 @@ class Trainer:
             with _rank0_first(self.dist):
                 self._perception_warm_start()
         self.sft_losses = warm_start(self.model, self.tok, self._new_env, sft_steps(cfg), cfg.train.sft_lr,
-                                     cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor)
+                                     cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor,
+                                     micro_batch=cfg.algo.micro_batch)
         if self.sft_losses:
             log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
                      "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])

@@ -225,31 +225,54 @@ class Policy:
                 **({"logp": old_logp} if own else {})}
 
 # ------------------------------------------------------------------------- warm start (SFT)
-def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id: int, vision=None) -> float:
+def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id: int, vision=None,
+                    micro_batch: int = 0) -> float:
     """One optimizer step of next-token cross-entropy on token rows, each (ids, labels) with
     labels -100 where no loss is taken, right-padded into one batch; returns the loss (nats per
-    loss token). `vision`: a VLM's trainer.vision.VisionRows of these rows."""
+    loss token). The LM head runs only at the loss tokens (a game episode's replies are a few
+    percent of its tokens: full logits of 16 SmolLM2 episodes would be gigabytes), in
+    micro-batches of `micro_batch` rows (0: all) whose gradients sum to the whole batch's.
+    `vision`: a VLM's trainer.vision.VisionRows of these rows."""
+    from .sharding import PolicyNet
+
     device = next(model.parameters()).device
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels, attn = torch.full_like(ids, -100), torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
     for r, (x, y) in enumerate(rows):
-        ids[r, :len(x)], labels[r, :len(y)], attn[r, :len(x)] = torch.tensor(x), torch.tensor(y), 1
-    ids = ids.to(device)
-    extra = vision.kwargs(slice(None), ids) if vision is not None else {}
-    out = model(input_ids=ids, attention_mask=attn.to(device), labels=labels.to(device), **extra)
+        ids[r, :len(x)], labels[r, :len(y)] = torch.tensor(x), torch.tensor(y)
+    ids, labels = ids.to(device), labels.to(device)
+    lengths = torch.tensor([len(x) for x, _ in rows], device=device)
+    total = int((labels[:, 1:] != -100).sum())
+    net = PolicyNet(model)
+    mb = micro_batch or len(rows)
     opt.zero_grad(set_to_none=True)
-    out.loss.backward()
+    loss_sum = 0.0
+    for i in range(0, len(rows), mb):
+        sl = slice(i, i + mb)
+        target = labels[sl, 1:]
+
+        def ce(hidden, head, target=target):
+            keep = target != -100
+            dt = torch.promote_types(hidden.dtype, torch.float32)  # bf16 runs: the softmax in float32
+            logits = hidden[keep].to(dt) @ head.to(dt).T
+            return torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
+
+        extra = vision.kwargs(sl, ids[sl]) if vision is not None else {}
+        loss = net(ids[sl], lengths[sl], ce, **extra)
+        (loss / total).backward()
+        loss_sum += float(loss.detach())
     opt.step()
-    return float(out.loss.detach())
+    return loss_sum / total
 
 
 def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
-               batch: int = 16, processor=None) -> list[float]:
-    """Supervised steps on whole episodes (chats, as the rollout builds them) whose replies are
-    uniformly random actions in the answer format. A random-initialised model cannot emit
-    the format at all; this teaches the format only, not the task (the actions are random).
-    `processor`: a VLM's image processor, for environments that show images."""
+               batch: int = 16, processor=None, micro_batch: int = 0) -> list[float]:
+    """Supervised steps on whole episodes (chats, as the rollout builds them, in the model's own
+    chat template) whose replies are uniformly random actions in the answer format. A
+    random-initialised model cannot emit the format at all, and SmolLM2 does not follow it on the
+    games; this teaches the format only, not the task (the actions are random). `processor`: a
+    VLM's image processor, for environments that show images. `micro_batch`: rows per forward."""
     if steps == 0:
         return []
     from .chat import Episode
@@ -277,5 +300,5 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
 
             vision = VisionRows.of([ep.vision_inputs() for ep in rows])
         tokens = [(ep.ids, [t if m else -100 for t, m in zip(ep.ids, ep.mask)]) for ep in rows]
-        losses.append(supervised_step(model, opt, tokens, tokenizer.pad_token_id, vision))
+        losses.append(supervised_step(model, opt, tokens, tokenizer.pad_token_id, vision, micro_batch))
     return losses

@@ -85,6 +85,17 @@ PRESETS: dict[str, dict] = {
     # Search agents on CPU: questions about an invented knowledge base (answers exist only in its
     # passages), BM25 search, at most 5 searches and 10 turns as the paper's code sets them; 400
     # format warm-start steps (60 left 15-30% of replies malformed; 400: 0.1%).
+    # SmolLM2 plays Sokoban-simple (6x6, one box) on a CPU: a format warm start on random valid
+    # moves, then RL; validation on boards training never draws (env.held_out, by content). The
+    # turn limit, budget and learning rate come from the pilot (RESULTS.md, "Sokoban study").
+    "smollm2-135m-sokoban": {**_SOKOBAN_SIMPLE, "model.path": "smollm2-135m", "env.max_turns": 5,
+                             "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
+                             "rollout.episodes": 8, "rollout.group_size": 4, "algo.replay_batch": 8,
+                             "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 2,
+                             "eval.every": 10, "eval.episodes": 32, "eval.samples": 2, "eval.temperature": 1.0,
+                             "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
+                             "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
+                             "algo.warmup_steps": 0},
     "search-cpu": {"env.name": "search", "env.max_turns": 10, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                    "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64, "algo.capacity": 16384,
                    "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,

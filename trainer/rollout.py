@@ -100,9 +100,12 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                     gen = engine.generate([eps[i].ids for i in active], max_new_tokens, sampling, stop,
                                           keys=[eps[i] for i in active])
             with phase("env_step"):
+                texts = [eps[i].add_reply(gen.token_ids[j], gen.logprobs[j]) for j, i in enumerate(active)]
+                score_batch = getattr(type(envs[0]), "score_batch", None)
+                if score_batch is not None:  # a scorer that takes the batch in one call (env.reward, TRL's form)
+                    score_batch([envs[i] for i in active], texts)
                 for j, i in enumerate(active):
-                    text = eps[i].add_reply(gen.token_ids[j], gen.logprobs[j])
-                    result = envs[i].step(text)
+                    result = envs[i].step(texts[j])
                     valid[i] += result.valid
                     gen_tokens += len(gen.token_ids[j])
                     if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),

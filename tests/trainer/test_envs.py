@@ -158,3 +158,26 @@ def test_reverse_play_scores_a_player_on_a_target_zero_as_the_papers_code():
             assert not set(boxes) & set(targets)
     assert picked_on_target == 0
     assert generate(6, 6, 1, random.Random(0)) is not None
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
+def test_games_split_initial_boards_by_content(name):
+    """env.held_out for games: validation seeds draw only boards of the held-out fold, training
+    seeds never do, so the two share no board; without the split they do share some (the check
+    can fail). held_out 0 leaves every seed's board as it was."""
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.envs.base import EVAL_SEED_BASE, in_fold
+
+    split, plain = make_env(name, held_out=0.3), make_env(name)
+    train = [split.reset(s) for s in range(300)]
+    val = [split.reset(EVAL_SEED_BASE + s) for s in range(100)]
+    assert not set(train) & set(val)
+    assert all(in_fold(b, 0.3) for b in val) and not any(in_fold(b, 0.3) for b in train)
+    plain_train = [plain.reset(s) for s in range(300)]
+    plain_val = [plain.reset(EVAL_SEED_BASE + s) for s in range(100)]
+    if name == "sokoban":  # 6x6 one-box levels repeat often enough to show it in 400 draws
+        assert set(plain_train) & set(plain_val), "without the split some boards repeat across the two"
+    kept = [t for t, p in zip(train, plain_train) if not in_fold(p, 0.3)]  # seeds whose board needs no redraw
+    assert kept == [p for p in plain_train if not in_fold(p, 0.3)]
+    with pytest.raises(ValueError, match="leaves a fold empty"):
+        make_env(name, held_out=0.00001)

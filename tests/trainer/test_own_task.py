@@ -61,7 +61,8 @@ def test_an_environment_class_by_import_path_trains(tmp_path):
     assert main(argv) == 0
     rows = [json.loads(x) for x in (tmp_path / "own" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["env_steps"] > 0
-    assert all(r["reward"] in (0.0, 2.0) or 0 <= r["reward"] <= 2 for r in rows)
+    # each of the 4 episodes scores 0 or the prize 2: the batch mean is a multiple of 2 / 4
+    assert all(abs(r["reward"] * 2 - round(r["reward"] * 2)) < 1e-9 and 0 <= r["reward"] <= 2 for r in rows)
     cfg = C.load("tiny", str(tmp_path / "own" / "config.yaml"), run_config=True)
     assert cfg.env.name == f"{HERE}:Doubling" and cfg.env.kwargs == "{limit: 7, prize: 2}"
     from freshper.trainer.model import env_kwargs
@@ -106,6 +107,96 @@ def test_a_dataset_with_a_reward_function_trains(tmp_path):
     assert env.step(f"so it is \\boxed{{{env.answer}}}").reward == 0.0  # a scorer would pay this
     with pytest.raises(ValueError, match="has no 'nope'"):
         make_env("math", reward=f"{HERE}:nope")
+
+
+def nan_reward(reply: str, answer: str) -> float:
+    return float("nan") if "7" in reply else 1.0
+
+
+def three_args(reply: str, answer: str, extra: str) -> float:
+    return 0.0
+
+
+def trl_reward(completions, answer, **kwargs) -> list[float]:
+    """TRL's form: one call for the batch, the dataset's columns as keywords."""
+    trl_reward.calls += 1
+    return [3.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+
+trl_reward.calls = 0
+
+
+def test_a_non_finite_reward_is_refused_at_the_reply_that_gave_it():
+    from freshper.trainer.envs import make_env
+
+    env = make_env("math", digits=1, reward=f"{HERE}:nan_reward")
+    env.reset(0)
+    assert env.step("8").reward == 1.0
+    env.reset(0)
+    with pytest.raises(ValueError, match=r"env.reward .*nan_reward' returned nan for the reply 'it is 7'"):
+        env.step("it is 7")
+
+
+def test_a_reward_function_of_neither_form_fails_at_start_up(tmp_path, caplog, monkeypatch):
+    from freshper.trainer import loop
+
+    monkeypatch.setattr(loop, "load_policy", lambda *a: pytest.fail("the model was loaded before the refusal"))
+    argv = ["train", *TINY, "--env.name", "math", "--env.reward", f"{HERE}:three_args", "--train.run_dir",
+            str(tmp_path)]
+    assert main(argv) == 2
+    assert re.search(r"takes neither f\(reply, answer\) -> float nor TRL's", caplog.text)
+
+
+def test_trls_batched_reward_is_called_once_per_batch_with_a_declared_success_threshold(tmp_path):
+    """Rewards of 0 or 3: with env.success_at 3 a right reply counts as solved; at the default 1.0
+    every reward of 3 would count too, so this checks the threshold is the declared one."""
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.envs.math import Math
+
+    envs = [make_env("math", digits=1, reward=f"{HERE}:trl_reward", success_at=3.0) for _ in range(4)]
+    for i, e in enumerate(envs):
+        e.reset(i)
+    texts = [envs[0].answer, "wrong", envs[2].answer, "no"]
+    trl_reward.calls = 0
+    Math.score_batch(envs, texts)
+    results = [e.step(t) for e, t in zip(envs, texts)]
+    assert trl_reward.calls == 1
+    assert [r.reward for r in results] == [3.0, 0.0, 3.0, 0.0]
+    assert [r.success for r in results] == [True, False, True, False]
+    high = make_env("math", digits=1, reward=f"{HERE}:trl_reward", success_at=4.0)
+    high.reset(0)
+    Math.score_batch([high], [high.answer])
+    assert not high.step(high.answer).success
+    argv = ["train", *TINY[:-1], "0", "--env.name", "math", "--env.reward", f"{HERE}:trl_reward",
+            "--env.success_at", "3", "--train.run_dir", str(tmp_path), "--train.name", "trl"]
+    assert main(argv) == 0  # the first run also builds the tiny model's tokenizer, which plays random replies
+    trl_reward.calls = 0
+    assert main(argv[:-1] + ["trl2"]) == 0
+    assert trl_reward.calls == 2  # one rollout an iteration, one call each (validation is off in tiny)
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"env.held_out": 0.005}, "holds out none of the 100 problems"),
+    ({"env.held_out": 0.9999}, "holds out all 100 problems"),
+])
+def test_a_held_out_fold_that_cannot_exist_fails_at_start_up(tmp_path, over, msg, caplog, monkeypatch):
+    from freshper.trainer import loop
+
+    monkeypatch.setattr(loop, "load_policy", lambda *a: pytest.fail("the model was loaded before the refusal"))
+    argv = ["train", *TINY, "--env.name", "math", "--env.digits", "1", "--train.run_dir", str(tmp_path)]
+    for k, v in over.items():
+        argv += [f"--{k}", str(v)]
+    assert main(argv) == 2
+    assert msg in caplog.text
+
+
+def test_held_out_with_data_is_refused(tmp_path):
+    from freshper.trainer.envs import make_env
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}?", "answer": str(i)}) + "\n" for i in range(20)))
+    with pytest.raises(ValueError, match="with data the split is eval_data"):
+        make_env("math", data=str(data), held_out=0.3)
 
 
 def test_a_users_class_leaves_the_built_in_registry_as_it_was():

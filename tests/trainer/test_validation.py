@@ -191,7 +191,8 @@ def test_each_environment_declares_options_its_constructor_takes():
         params = inspect.signature(cls.__init__).parameters
         assert set(env_kwargs(cfg)) <= set(params), name
     assert C.env_options("math") == ("name", "format_penalty", "data", "eval_data", "question_key", "answer_key",
-                                     "digits", "scorer", "operands", "operation", "held_out", "last_digits", "reward")
+                                     "digits", "scorer", "operands", "operation", "held_out", "last_digits", "reward",
+                                     "success_at")
 
 
 def test_a_run_config_holds_its_environments_options_only_and_an_older_one_still_resumes(tmp_path, caplog):

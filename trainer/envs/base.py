@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import re
+import zlib
 from dataclasses import dataclass, field
 
 from ..chat import game_feedback, game_opening
@@ -89,8 +90,18 @@ class TextEnv:
         self.total_reward = 0.0
         self.total_penalty = 0.0
 
+    split = 0.0  # games: the fraction of initial states, by content, that only validation draws (env.held_out)
+
     def reset(self, seed: int) -> str:
+        """Draw the initial state of `seed`. With a split (env.held_out), a training seed whose state
+        falls in the held-out fold (a hash of its first rendering) redraws, and a validation seed
+        (>= EVAL_SEED_BASE) redraws until it falls there: the two never share a state."""
         self._reset(seed)
+        if self.split:
+            want, k = seed >= EVAL_SEED_BASE, 0
+            while in_fold(self.render(), self.split) != want:
+                k += 1
+                self._reset(zlib.crc32(f"{seed}/{k}".encode()))  # another state from the same seed, fixed
         self.turn = 0
         self.done = False
         self.total_reward = 0.0
@@ -151,6 +162,20 @@ class QuestionEnv(TextEnv):
 
     def render(self) -> str:
         return self.question
+
+
+def in_fold(text: str, fraction: float) -> bool:
+    """Whether a state is in the held-out fold: a fixed hash of its text, a share `fraction`."""
+    return zlib.crc32(text.encode()) % 10_000 < round(fraction * 10_000)
+
+
+def check_split(fraction: float) -> float:
+    """A game's env.held_out: in [0, 1), and not so small or large that a fold is empty."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"held_out must be in [0, 1), got {fraction!r}")
+    if fraction and not 1 <= round(fraction * 10_000) < 10_000:
+        raise ValueError(f"held_out={fraction} leaves a fold empty: give at least 0.0001 and below 0.9999, or 0")
+    return fraction
 
 
 def legend(symbols: dict[str, str], actions) -> str:

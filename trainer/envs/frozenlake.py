@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import TextEnv, legend, register
+from .base import TextEnv, check_split, legend, register
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0..3
 SYMBOLS = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
@@ -58,11 +58,12 @@ class FrozenLake(TextEnv):
     prompt_sets = ("roll", "replay")
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "p_frozen": "p",
-               "prompts": "prompts"}
+               "prompts": "prompts", "held_out": "held_out"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
-                 prompts: str = "roll"):
+                 prompts: str = "roll", held_out: float = 0.0):
         super().__init__(max_turns, format_penalty, prompts)
+        self.split = check_split(held_out)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
         self.size, self.p = size, p

@@ -42,6 +42,7 @@ import zlib
 from pathlib import Path
 
 from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
+from .user_reward import BadReward, UserReward
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 _MAX_RESPONSE = 4000  # characters of a response the scorer looks at (its end)
@@ -180,8 +181,27 @@ class BoxedQuestion(QuestionEnv):
 
     answer = ""
     scorer = "boxed"
-    reward_fn = None  # env.reward: a user's f(reply, answer) -> float, in place of the scorer
+    reward_fn = None  # env.reward: a user's function (user_reward.UserReward), in place of the scorer
+    success_at = 1.0  # env.success_at: a reply with at least this reward counts as solved
     score_error = False
+    _scored = None  # this turn's reward, scored with the batch (score_batch), or None
+
+    @classmethod
+    def score_batch(cls, envs: list, texts: list[str]) -> None:
+        """Score one batch of replies in one call where env.reward is TRL's batched form (the
+        rollout calls this before stepping each env); otherwise each step scores its own reply."""
+        fn = envs[0].reward_fn if envs else None
+        if fn is None or not fn.batched:
+            return
+        try:
+            rewards, error = fn.batch(texts, [e.answer for e in envs], [e.question for e in envs]), None
+        except BadReward:
+            raise
+        except Exception as e:  # as a per-reply scorer's error: every reply of the batch scores 0, counted
+            rewards, error = [0.0] * len(envs), e
+            _log_first_error(e, texts[0], envs[0].answer)
+        for env, r in zip(envs, rewards):
+            env._scored = (r, error is not None)
 
     def step(self, text: str) -> StepResult:
         if self.done:
@@ -189,15 +209,24 @@ class BoxedQuestion(QuestionEnv):
         self.turn += 1
         penalised = SCORERS[self.scorer][1] and self.reward_fn is None
         valid = last_boxed(text) is not None
-        try:
-            reward = float(self.reward_fn(text, self.answer)) if self.reward_fn else score(text, self.answer,
-                                                                                            self.scorer)
-            self.score_error = False
-        except Exception as e:  # counted and logged, not hidden: see metrics()
-            reward, self.score_error = 0.0, True
-            _log_first_error(e, text, self.answer)
+        if self._scored is not None:
+            (reward, self.score_error), self._scored = self._scored, None
+        else:
+            try:
+                fn = self.reward_fn
+                if fn is None:
+                    reward = score(text, self.answer, self.scorer)
+                else:  # a batched function not handed the batch (the warm start steps alone): a batch of one
+                    reward = fn.batch([text], [self.answer], [self.question])[0] if fn.batched else \
+                        fn.one(text, self.answer)
+                self.score_error = False
+            except BadReward:
+                raise
+            except Exception as e:  # counted and logged, not hidden: see metrics()
+                reward, self.score_error = 0.0, True
+                _log_first_error(e, text, self.answer)
         penalty = 0.0 if valid or not penalised else self.format_penalty
-        self.correct = reward >= 1.0
+        self.correct = reward >= self.success_at
         self.done = True
         self.total_reward += reward
         self.total_penalty += penalty
@@ -256,12 +285,12 @@ class Math(BoxedQuestion):
     OPTIONS = {"format_penalty": "format_penalty", "data": "data", "eval_data": "eval_data",
                "question_key": "question_key", "answer_key": "answer_key", "digits": "digits", "scorer": "scorer",
                "operands": "operands", "operation": "operation", "held_out": "held_out",
-               "last_digits": "last_digits", "reward": "reward"}
+               "last_digits": "last_digits", "reward": "reward", "success_at": "success_at"}
 
     def __init__(self, max_turns: int = 1, format_penalty: float = -0.15, data: str = "", eval_data: str = "",
                  question_key: str = "problem", answer_key: str = "answer", digits: int = 2, scorer: str = "boxed",
                  operands: int = 2, operation: str = "add", held_out: float = 0.0, last_digits: int = 0,
-                 reward: str = ""):
+                 reward: str = "", success_at: float = 1.0):
         super().__init__(1, format_penalty)
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {tuple(SCORERS)}, got {scorer!r}")
@@ -276,14 +305,17 @@ class Math(BoxedQuestion):
         self.digits, self.scorer, self.operands, self.operation, self.held_out_frac = (
             digits, scorer, operands, operation, held_out)
         self.last_digits = last_digits
+        if not math.isfinite(success_at):
+            raise ValueError(f"success_at must be a finite number, got {success_at!r}")
+        self.success_at = success_at
         if reward:
-            from .base import import_object
-
-            fn = import_object(reward, "env.reward")
-            if not callable(fn):
-                raise ValueError(f"env.reward {reward!r} is not callable")
-            self.reward_fn = fn
+            self.reward_fn = UserReward(reward)
         self.train, self.held_out = (), ()
+        if held_out and data:
+            raise ValueError(f"held_out={held_out} splits procedural problems by content; with data the split is "
+                             f"eval_data, or else the last tenth of data (give held_out 0)")
+        if held_out and not data:
+            self._check_fold(held_out)
         if data:
             rows = load_problems(data, question_key, answer_key)
             if eval_data:
@@ -295,6 +327,21 @@ class Math(BoxedQuestion):
                 self.train, self.held_out = rows[:-cut], rows[-cut:]
         self.question, self.answer = "", ""
         self.correct = False
+
+    def _check_fold(self, fraction: float) -> None:
+        """Both folds of the split by content hold problems (else drawing from the empty one would
+        never end): refused here, with the fold's size."""
+        sizes = self._sizes()
+        total = math.prod(sizes)
+        quota = round(fraction * 10_000)  # is_held_out's share, in 1/10,000ths of the hash space
+        listed = held_out_list(sizes, fraction)
+        n = len(listed) if listed is not None else (0 if quota == 0 else total if quota >= 10_000 else None)
+        if n == 0:
+            raise ValueError(f"held_out={fraction} holds out none of the {total} problems: validation would "
+                             f"wait for one forever; raise it, or give 0 for no split")
+        if n == total:
+            raise ValueError(f"held_out={fraction} holds out all {total} problems and leaves none to train on; "
+                             f"lower it")
 
     def _procedural(self, seed: int) -> tuple[str, str]:
         """`operands` terms of `digits` digits each drawn from `seed`, summed or multiplied; with

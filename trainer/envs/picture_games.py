@@ -74,8 +74,8 @@ class FrozenLakeVLM(PictureGame, FrozenLake):
     OPTIONS = {**{k: v for k, v in FrozenLake.OPTIONS.items() if k != "prompts"}, "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
-                 cell: int = 28):
-        FrozenLake.__init__(self, max_turns, format_penalty, size, p)
+                 cell: int = 28, held_out: float = 0.0):
+        FrozenLake.__init__(self, max_turns, format_penalty, size, p, held_out=held_out)
         self._picture_init(cell)
 
 
@@ -93,6 +93,6 @@ class SokobanVLM(PictureGame, Sokoban):
     OPTIONS = {**Sokoban.OPTIONS, "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
-                 search_depth: int = 300, cell: int = 28):
-        Sokoban.__init__(self, max_turns, format_penalty, size, boxes, search_depth)
+                 search_depth: int = 300, cell: int = 28, held_out: float = 0.0):
+        Sokoban.__init__(self, max_turns, format_penalty, size, boxes, search_depth, held_out=held_out)
         self._picture_init(cell)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from .base import TextEnv, legend, register
+from .base import TextEnv, check_split, legend, register
 
 MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 SYMBOLS = {"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box", "P": "player",
@@ -160,11 +160,12 @@ class Sokoban(TextEnv):
                    "format is <answer>Right</answer>" + legend(SYMBOLS, ("Up", "Down", "Left", "Right")))
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "boxes": "boxes",
-               "search_depth": "search_depth"}
+               "search_depth": "search_depth", "held_out": "held_out"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
-                 search_depth: int = 300, prompts: str = "roll"):
+                 search_depth: int = 300, prompts: str = "roll", held_out: float = 0.0):
         super().__init__(max_turns, format_penalty, prompts)
+        self.split = check_split(held_out)
         self.size, self.n_boxes, self.search_depth = size, boxes, search_depth
         self.floor, self.targets, self.boxes, self.player = set(), frozenset(), set(), (0, 0)
 

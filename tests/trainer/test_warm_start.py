@@ -1,0 +1,73 @@
+"""The format warm start's supervised step: the LM head at the loss tokens only, in micro-batches,
+gives the loss and gradients of the whole-logits cross-entropy (as transformers' `labels=` loss
+takes it, shifted by one), in float64 to 1e-10."""
+import pytest
+import torch
+
+from freshper.trainer.policy import supervised_step
+
+
+def _model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg).double()
+
+
+def _rows():
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for n in (9, 14, 6, 11, 14):
+        ids = torch.randint(3, 97, (n,), generator=g).tolist()
+        labels = [t if i >= n // 2 else -100 for i, t in enumerate(ids)]  # the "replies": the rows' second halves
+        rows.append((ids, labels))
+    return rows
+
+
+def _reference(model, rows, pad):
+    width = max(len(x) for x, _ in rows)
+    ids = torch.full((len(rows), width), pad)
+    labels, attn = torch.full_like(ids, -100), torch.zeros_like(ids)
+    for r, (x, y) in enumerate(rows):
+        ids[r, :len(x)], labels[r, :len(y)], attn[r, :len(x)] = torch.tensor(x), torch.tensor(y), 1
+    model.zero_grad()
+    logits = model(input_ids=ids, attention_mask=attn).logits  # float64 (the labels= loss rounds to float32)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    loss.backward()
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+class _Capture(torch.optim.Optimizer):
+    """Keeps the gradients the step was given; changes no weight."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
+
+
+@pytest.mark.parametrize("micro_batch", [0, 2])
+def test_the_loss_at_reply_tokens_equals_the_whole_logits_loss(micro_batch):
+    model = _model()
+    rows = _rows()
+    ref_loss, ref_grads = _reference(model, rows, pad=0)
+    opt = _Capture(list(model.parameters()))
+    loss = supervised_step(model, opt, rows, 0, micro_batch=micro_batch)
+    assert loss == pytest.approx(ref_loss, rel=1e-10)
+    for (name, _), g in zip(model.named_parameters(), opt.grads):
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_labels_one_position_off_fail_the_comparison():
+    """Taking the loss at the label's own position (no shift) gives another loss: the test above
+    would catch it."""
+    model = _model()
+    rows = _rows()
+    ref_loss, _ = _reference(model, rows, pad=0)
+    shifted = [(x, y[1:] + [-100]) for x, y in rows]
+    loss = supervised_step(model, _Capture(list(model.parameters())), shifted, 0)
+    assert abs(loss - ref_loss) > 1e-3
