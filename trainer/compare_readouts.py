@@ -31,7 +31,6 @@ from freshper.profiling.nvtx import compute_seconds
 from .intervals import mean_ci
 
 
-
 def cumulative(rows: list[dict], x: str) -> list[float] | None:
     """The cumulative quantity `x` after each row: "env_steps", "updates" (optimizer steps) or
     "compute" (seconds, compute_seconds); None when the rows do not log it."""
@@ -192,8 +191,8 @@ def matched_table(by_label: dict, budget: int, key: str = "eval_success") -> tup
     lines = [f"\n\nMatched readouts, paired by seed against {control} (mean ± 95% t-interval of the difference in "
              f"{key}; in brackets, on how many seeds the arm is higher): at the fewest optimizer updates any arm "
              "of the seed makes, at the least training compute (seconds of every timed phase but validation "
-             f"and checkpoints, each second once) any arm of the seed spends; and the env steps each arm needs to reach "
-             f"{control}'s final {key} (median over the seeds that reach it within the {budget}-step budget, "
+             "and checkpoints, each second once) any arm of the seed spends; and the env steps each arm needs "
+             f"to reach {control}'s final {key} (median over the seeds that reach it within the {budget}-step budget, "
              "linear between validation points)\n",
              "| arm | at equal updates | at equal compute | env steps to reach the control's final | reached |",
              "|---|---|---|---|---|"]

@@ -97,9 +97,11 @@ def export(run_dir, out, iteration: int | None = None, overwrite: bool = False) 
         return save_hf(net.model, tok, out, source=src)
     weights = path / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
-        dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
         lora = f.metadata() or {}
-    torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+        # a LoRA checkpoint holds only its float32 adapters: the base's dtype is in the metadata
+        dtype = lora.get("base_dtype") or f.get_slice(next(iter(f.keys()))).get_dtype()
+    torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "float32": torch.float32,
+                   "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     model = auto.from_pretrained(src, dtype=torch_dtype)
     if lora.get("lora_rank"):  # a LoRA run's checkpoint holds its adapters: rebuild them on the base, merge
         from .lora import apply_lora

@@ -143,6 +143,11 @@ class _rank0_first:
 
 
 class Trainer:
+    """One run: `Trainer(cfg, run_dir).run()`. One attribute is not in the config:
+    `recompute_old_logp` (default False) runs a separate forward for the behaviour log-probs
+    before the on-policy update, as the trainer did before it took them from the update's first
+    forward; set it to check that both give the same numbers (tests/trainer/test_update_passes.py)."""
+
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dist: Dist = SINGLE):
         self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
         check_world(cfg, dist.world)
@@ -420,17 +425,17 @@ class Trainer:
                 a = cfg.algo
                 behaviour = (old_logp if a.behaviour_logp == "before"
                              else self.policy.logprobs(tokens, mask, vision=ep.vision))
-                images = {}  # the optional fields
+                optional = {}  # the fields some runs store: a VLM's images, the rollout lag
                 if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
                     from freshper.images import pack_pngs
 
-                    images["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
+                    optional["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
                 names = self.buffer.field_names
                 if not names or "gen_lag" in names:  # a buffer resumed from before gen_lag goes on without it
-                    images["gen_lag"] = torch.full((len(ep),), batch_lag, dtype=torch.int8, device=dev)
+                    optional["gen_lag"] = torch.full((len(ep),), batch_lag, dtype=torch.int8, device=dev)
                 self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
                                 old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
-                                adv=adv, **images)
+                                adv=adv, **optional)
             replay = self._replay(it)
 
         with P("weight_sync"):

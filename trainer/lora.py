@@ -18,6 +18,7 @@ are the model folder's, loaded again on resume and by export.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -34,6 +35,18 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: str) -> nn.Mo
     from peft import LoraConfig, get_peft_model
 
     target = "all-linear" if targets.strip() == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    if target != "all-linear":
+        head = model.get_output_embeddings()
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] not in target:
+                continue
+            # peft adapts embeddings with lora_embedding_* tensors, which the merge does not know, and the
+            # fused loss reads the head's weight alone: only the linear layers below the head are adapted
+            if module is head or not isinstance(module, nn.Linear):
+                what = "the LM head" if module is head else type(module).__name__
+                raise ValueError(f"model.lora_targets {targets!r}: {name} is {what}; "
+                                 f"LoRA here adapts the decoder's linear layers (q_proj, k_proj, v_proj, o_proj, "
+                                 f"gate_proj, up_proj, down_proj or all-linear)")
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=target, bias="none")
     try:
         wrapped = get_peft_model(model, config, adapter_name=ADAPTER)
@@ -90,8 +103,27 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def lora_metadata(model: nn.Module) -> dict[str, str]:
-    """The adapter settings of `model` as safetensors metadata (strings): rank, alpha, targets."""
+    """The adapter settings of `model` as safetensors metadata (strings): rank, alpha, targets, and
+    the base weights' dtype (the adapters are float32 whatever the base is, so export needs it)."""
     config = model.peft_config[ADAPTER]
     targets = config.target_modules
+    base = next(p.dtype for n, p in model.named_parameters() if ".lora_" not in n)
     return {"lora_rank": str(config.r), "lora_alpha": repr(float(config.lora_alpha)),
-            "lora_targets": targets if isinstance(targets, str) else ",".join(sorted(targets))}
+            "lora_targets": targets if isinstance(targets, str) else ",".join(sorted(targets)),
+            "base_dtype": str(base).removeprefix("torch.")}
+
+
+@contextmanager
+def adapters_off(model: nn.Module):
+    """`model` computes as its base inside the block: every LoRA layer switched off, then back on
+    (the KL reference of a LoRA run, which needs no second copy of the base weights)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enable_adapters(True)

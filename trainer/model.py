@@ -78,6 +78,8 @@ def tiny_model_dir(cfg: Config) -> Path:
         spec["prompts"] = cfg.env.prompts
     if cfg.env.name == "math" and (cfg.env.operands, cfg.env.operation, cfg.env.last_digits) != (2, "add", 0):
         spec["problem"] = [cfg.env.operands, cfg.env.operation, cfg.env.last_digits]  # other problems' text
+    if ":" in cfg.env.name or cfg.env.kwargs:  # a user's class and its keywords word their own prompts
+        spec["user_env"] = [cfg.env.name, cfg.env.kwargs]
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     kind = "qwen2vl" if is_vision_env(cfg) else "qwen2"
     return cache_dir() / "models" / f"tiny-{kind}-{cfg.env.name}-{digest}"
@@ -210,3 +212,15 @@ def stop_token_ids(tok) -> list[int]:
         if isinstance(close, int) and close != tok.unk_token_id and close is not None:
             ids.append(close)
     return [i for i in ids if i is not None]
+
+
+def full_attention(config) -> bool:
+    """Whether every attention layer of this (text) model attends over the whole context: false for
+    sliding-window layers (Mistral v0.1, Gemma 2/3, Phi-3), whose window a padded prefix block or a
+    cache laid out with holes would shift. The shared-prompt forward and the engine's turn cache
+    run only where this holds."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return getattr(text, "sliding_window", None) is None or getattr(text, "use_sliding_window", True) is False

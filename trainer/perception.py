@@ -74,10 +74,13 @@ def examples(env, seed_base: int, n: int, rng: random.Random) -> list[tuple[list
     return out[:n]
 
 
-def cache_path(model_dir: str, steps: int, lr: float, seed: int) -> Path:
+def cache_path(model_dir: str, steps: int, lr: float, seed: int, lora: dict | None = None) -> Path:
+    """Where the warm-started weights of these settings are cached; `lora`: the adapters' settings
+    (lora.lora_metadata) of a LoRA model, whose warm start trains and saves other tensors."""
     from .model import cache_dir
 
-    key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1}, sort_keys=True)
+    key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1,
+                      **({"lora": lora} if lora else {})}, sort_keys=True)
     return cache_dir() / "perception" / (hashlib.sha1(key.encode()).hexdigest()[:12] + ".safetensors")
 
 
@@ -85,9 +88,11 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
     """`steps` supervised steps on probe answers (cached); returns the losses ([] when loaded)."""
     from safetensors.torch import load_model, save_model
 
-    path = cache_path(model_dir, steps, lr, seed)
+    from .lora import has_lora, lora_metadata
+
+    path = cache_path(model_dir, steps, lr, seed, lora_metadata(model) if has_lora(model) else None)
     if path.exists():
-        load_model(model, str(path), strict=False)
+        load_model(model, str(path))  # strict: a cache of other tensors fails here, not later
         log.info("perception warm start: loaded %s (cached; reading the board, not playing)", path)
         return []
     env, rng = make_env(), random.Random(seed + 104729)

@@ -25,6 +25,8 @@ from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
 from .config import Config
 from .dist import SINGLE, Dist
+from .lora import adapters_off, has_lora
+from .model import full_attention
 from .prefix import reply_starts
 from .sharding import PolicyNet, shard
 
@@ -71,7 +73,9 @@ class Policy:
         self.stand_in = stand_in
         self.exclude = torch.tensor(exclude_ids, dtype=torch.long, device=device) if exclude_ids else None
         a = cfg.algo
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 else None
+        # the KL reference: a frozen copy, or for a LoRA run the base itself, its adapters switched off
+        self.ref_is_base = a.kl_coef > 0 and has_lora(model)
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 and not self.ref_is_base else None
         self.net = PolicyNet(model)
         self.ref_net = PolicyNet(ref) if ref is not None else None
         if dist.on:
@@ -107,11 +111,14 @@ class Policy:
         """(R,) where each row's reply begins, for the shared-prompt forward (trainer/prefix.py),
         or None where rows run whole: `model.share_prefix` off, a vision-language model (its
         M-RoPE positions come from the whole row), several ranks (FSDP2 would gather every layer
-        twice per micro-batch; not tested there), or gradient checkpointing (Hugging Face turns
-        the key/value cache off under it)."""
+        twice per micro-batch; not tested there), gradient checkpointing (Hugging Face turns
+        the key/value cache off under it), or sliding-window attention (the padded prefix block
+        would shift a shorter prompt's window)."""
         m = self.cfg.model
         vlm = vision is not None or getattr(self.model.config, "vision_config", None) is not None
         if not m.share_prefix or m.gradient_checkpointing or vlm or self.dist.on:
+            return None
+        if not full_attention(self.model.config):
             return None
         return reply_starts(mask, lengths)
 
@@ -121,7 +128,10 @@ class Policy:
         """(R, L) float32 on the training device: log pi(token i | tokens < i) at response
         positions, 0 elsewhere (`ref`: under the reference model; `vision`: a VLM's
         trainer.vision.VisionRows of these rows). Collective on several ranks."""
-        net = self.ref_net if ref else self.net
+        net = self.ref_net if ref and not self.ref_is_base else self.net
+        if ref and self.ref_is_base:
+            with adapters_off(self.model):
+                return self.logprobs(tokens, mask, vision=vision)
         tokens, mask = tokens.to(self.device), mask.to(self.device)
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
         lengths = row_lengths(mask)
@@ -166,7 +176,8 @@ class Policy:
         weights = None if weights is None else weights.to(dev).float()
         tis_logp = tis_logp.to(dev) if (tis_logp is not None and a.tis_cap > 0) else None
         self.net.train()
-        ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None else None
+        ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None or \
+            self.ref_is_base else None
         lengths = row_lengths(mask)
         starts = self._starts(mask, lengths, vision)
         resp = mask[:, 1:]

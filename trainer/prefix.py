@@ -69,7 +69,10 @@ def shared_prefix_hidden(decoder, tokens: torch.Tensor, lengths: torch.Tensor, s
     else:
         cache = pre.past_key_values
         cache.batch_select_indices(group)  # (G, ...) -> (R, ...), an index: differentiable
-        pos = starts[:, None] + ar[None, :S]  # each suffix at its row's own positions
+        # each suffix at its row's own positions; a padded slot past the row's end takes the row's
+        # last position (it is masked), so a model with a table of learned positions never indexes
+        # past it (the padded rows' slots would reach P + S - 1)
+        pos = torch.minimum(starts[:, None] + ar[None, :S], (lengths - 1).clamp_min(0)[:, None])
         suf_valid = ar[None, :S] < tail[:, None]
         suf_ids = tokens.gather(1, pos.clamp_max(n - 1))
         # the 2-D mask covers cache then suffix; causality comes from the cache's length, so a

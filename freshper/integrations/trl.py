@@ -274,6 +274,20 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         return self._get_per_token_logps_and_entropies(model, ids, att, c1, ids.size(0),
                                                        **self._replay_vision(ids, b))[0]
 
+    def ref_logps(self, ids, att, c1, b) -> torch.Tensor:
+        """(B, c1) reference log-probs of a replayed batch for the KL term: under TRL's reference
+        model, or, where TRL made none because the model is a PEFT model, under the policy with
+        its adapters disabled (the base weights), as TRL computes its own."""
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return self.replay_logps(self.ref_model, ids, att, c1, b)
+            model = self.accelerator.unwrap_model(self.model)
+            if not hasattr(model, "disable_adapter"):
+                raise ValueError("beta > 0 needs a reference model for the replay steps' KL term, and TRL made "
+                                 "none for this non-PEFT model; set beta=0 or replay_updates=0")
+            with model.disable_adapter():
+                return self.replay_logps(self.model, ids, att, c1, b)
+
     def _pad_id(self) -> int:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)  # a processor wraps one
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -309,11 +323,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
         if "tool_mask" in b.fields:  # TRL's loss masks the tool's tokens with completion_mask * tool_mask
             inputs["tool_mask"] = b.tool_mask[:, :c1].to(att.dtype)
         if self.beta != 0.0:
-            if self.ref_model is None:
-                raise ValueError("beta > 0 needs a reference model for the replay steps' KL term (TRL made none: "
-                                 "a PEFT model?); set beta=0 or replay_updates=0")
-            with torch.no_grad():
-                inputs["ref_per_token_logps"] = self.replay_logps(self.ref_model, ids, att, c1, b)
+            inputs["ref_per_token_logps"] = self.ref_logps(ids, att, c1, b)
         return inputs
 
     def replay_loss(self, inputs: dict, accumulate: int = 1) -> tuple[torch.Tensor, dict]:
@@ -453,8 +463,7 @@ class FreshPERGRPOTrainer(GRPOTrainer):
             ref = _pad_to(out["ref_per_token_logps"], C, False, 0.0).clone()
             ids = torch.cat([new["prompt_ids"][rows], new["completion_ids"][rows]], 1)
             att = torch.cat([new["prompt_mask"][rows], new["completion_mask"][rows]], 1)
-            with torch.no_grad():
-                ref[rows] = self.replay_logps(self.ref_model, ids, att, C, b).to(ref.dtype)
+            ref[rows] = self.ref_logps(ids, att, C, b).to(ref.dtype)
             new["ref_per_token_logps"] = ref
         advantages = adv.clone()
         advantages[rows] = b.adv.to(adv.dtype)

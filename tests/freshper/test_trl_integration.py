@@ -18,7 +18,7 @@ def constant_reward(completions, **kw):
     return [1.0 for _ in completions]
 
 
-def make(tmp_path, path, reward=length_reward, **over):
+def make(tmp_path, path, reward=length_reward, peft_config=None, **over):
     kw = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
               max_completion_length=8, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[],
               use_cpu=True, bf16=False, save_strategy="no", replay_updates=1, replay_tau=10.0, seed=0)
@@ -27,7 +27,8 @@ def make(tmp_path, path, reward=length_reward, **over):
     ds = Dataset.from_list([{"prompt": f"What is {i} + {i + 1}?"} for i in range(16)])
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
-    return FreshPERGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    return FreshPERGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
+                               peft_config=peft_config)
 
 
 def test_training_fills_the_buffer_and_a_replay_step_changes_the_parameters(tmp_path, tiny_model_dir):
@@ -161,3 +162,39 @@ def test_a_replayed_tool_completion_keeps_its_tool_mask(tmp_path, tiny_model_dir
     for r in range(2):
         j = 0 if torch.equal(inputs["completion_ids"][r], out["completion_ids"][0]) else 1
         assert torch.equal(inputs["tool_mask"][r].long(), out["tool_mask"][j])
+
+
+def test_peft_with_a_kl_term_fills_and_replays_against_the_base_weights(tmp_path, tiny_model_dir):
+    """With a PEFT model TRL makes no reference model; the fill (and a replay step) then take the
+    reference log-probs under the policy with its adapters disabled, as TRL does. The adapters are
+    made non-zero first, so the adapted policy's log-probs differ from the base's: a reference taken
+    with the adapters on would fail the comparison."""
+    peft = pytest.importorskip("peft")
+    tr = make(tmp_path, tiny_model_dir, peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj",
+              "v_proj"]), beta=0.2, replay_fill_zero_variance=True, replay_updates=0)
+    assert tr.ref_model is None
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in tr.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+    n, P, C = 4, 5, 6
+    ids = torch.randint(5, 60, (n, P + C), generator=g)
+    stored = {"prompt_ids": ids[:, :P], "prompt_mask": torch.ones(n, P, dtype=torch.long),
+              "completion_ids": ids[:, P:], "completion_mask": torch.ones(n, C, dtype=torch.long),
+              "advantages": torch.tensor([0.5, -0.5, 1.0, -1.0]), "ref_per_token_logps": torch.zeros(n, C)}
+    tr._rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    tr._store(stored, -torch.rand(n, C, generator=g), tr._rewards)
+    fresh = {k: v.clone() for k, v in stored.items()}
+    fresh["advantages"] = torch.zeros(n)  # every group flat: all rows filled
+    out = tr._fill_zero_variance(fresh, -torch.rand(n, C, generator=g))
+    x = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    att = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    with torch.no_grad():
+        adapted = tr._get_per_token_logps_and_entropies(tr.model, x, att, C)[0]
+        with tr.model.disable_adapter():
+            base = tr._get_per_token_logps_and_entropies(tr.model, x, att, C)[0]
+    assert (adapted - base).abs().max() > 1e-3
+    torch.testing.assert_close(out["ref_per_token_logps"][:, :C], base, atol=1e-5, rtol=1e-5)
+    ids_, att_, c1, b = tr._replay_batch(2)
+    assert tr.replay_inputs(ids_, att_, c1, b, torch.tensor(2.0))["ref_per_token_logps"].shape == (2, c1)

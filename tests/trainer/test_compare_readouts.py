@@ -165,3 +165,14 @@ def test_the_machine_is_read_from_the_run_folder(tmp_path):
     (tmp_path / "source.json").write_text(json.dumps({"commit": "x"}))
     assert run_machine({"run": tmp_path}) is None
     assert run_machine({"seed": 0}) is None
+
+
+def test_the_t_quantile_is_exact_at_every_df():
+    """Against scipy's t quantile: a table with 1.96 past df 30 was 4% narrow at df 31, and the
+    table's gaps (df 11 read as 10) were wide; either fails this."""
+    scipy = pytest.importorskip("scipy.stats")
+    from freshper.trainer.intervals import t975
+
+    for df in list(range(1, 61)) + [100, 1000]:
+        assert t975(df) == pytest.approx(scipy.t.ppf(0.975, df), rel=1e-9), df
+    assert abs(t975(31) - 1.96) > 0.07

@@ -150,3 +150,55 @@ def test_vllm_generates_with_the_merged_adapters(tmp_path):
     # the engine's float32 log-probs against the trainer's: 1e-4, as without LoRA (test_vllm_engine)
     torch.testing.assert_close(tr.policy.logprobs(ep.tokens, mask).cpu()[mask], ep.engine_logp[mask], atol=1e-4,
                                rtol=0)
+
+
+def test_the_kl_reference_of_a_lora_run_is_the_base_without_a_copy():
+    """kl_coef > 0 with LoRA: no second copy of the weights, and the reference log-probs are the
+    base model's however far the adapters moved (the adapters are perturbed: a reference that
+    kept them on would give the policy's own log-probs, 0.1 or more away)."""
+    cfg = config.load("tiny", None, {**LORA, "algo.kl_coef": 0.05})
+    torch.manual_seed(0)
+    model, _, _ = load_policy(cfg, torch.device("cpu"))
+    plain, _, _ = load_policy(config.load("tiny", None, {"train.sft_steps": 0}), torch.device("cpu"))
+    policy = Policy(model, cfg, torch.device("cpu"))
+    assert policy.ref_model is None and policy.ref_net is None
+    perturb_adapters(model)
+    tokens = torch.randint(0, plain.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 20:] = True
+    ref = policy.logprobs(tokens, mask, ref=True)
+    own = policy.logprobs(tokens, mask)
+    base = logprobs_of(plain, tokens).float()
+    assert float((own[:, 1:][mask[:, 1:]] - base[mask[:, 1:]]).abs().max()) > 0.1
+    torch.testing.assert_close(ref[:, 1:][mask[:, 1:]], base[mask[:, 1:]], atol=2e-5, rtol=0)
+    assert all(p.requires_grad for n, p in model.named_parameters() if ".lora_" in n), "adapters back on"
+    st = policy.update(tokens, mask, own, mask.float())
+    assert st["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("targets,what", [("q_proj,embed_tokens", "Embedding"), ("lm_head", "the LM head")])
+def test_lora_targets_that_are_not_decoder_linears_are_refused(targets, what):
+    with pytest.raises(ValueError, match=f"model.lora_targets '{targets}': .* is {what}"):
+        load_policy(config.load("tiny", None, {**LORA, "model.lora_targets": targets}), torch.device("cpu"))
+
+
+def test_a_bf16_lora_checkpoint_exports_bf16(tmp_path):
+    """The checkpoint holds float32 adapters only; the base's dtype comes from its metadata."""
+    from freshper.trainer.lora import lora_metadata
+
+    cfg = config.load("tiny", None, {**LORA, "model.dtype": "bfloat16"})
+    model, _, _ = load_policy(cfg, torch.device("cpu"))
+    assert lora_metadata(model)["base_dtype"] == "bfloat16"
+    cfg = config.load("tiny", None, {**LORA, "model.dtype": "bfloat16", "train.iterations": 1})
+    Trainer(cfg, tmp_path / "run").run()
+    out = export(tmp_path / "run", tmp_path / "hf")
+    with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+
+
+def test_the_perception_cache_tells_a_lora_model_from_a_full_one():
+    from freshper.trainer.perception import cache_path
+
+    full = cache_path("/m/tiny", 10, 1e-3, 0)
+    lora = cache_path("/m/tiny", 10, 1e-3, 0, {"lora_rank": "4", "lora_alpha": "8.0", "lora_targets": "q_proj"})
+    assert full != lora and full == cache_path("/m/tiny", 10, 1e-3, 0)

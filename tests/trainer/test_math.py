@@ -125,7 +125,7 @@ def test_dataset_files_keys_and_errors(tmp_path):
     jl = tmp_path / "train.jsonl"
     jl.write_text("\n".join(json.dumps(r) for r in rows))
     env = make_env("math", data=str(jl), question_key="question", answer_key="solution")
-    assert len(env.train) == 18 and len(env.held_out) == 2
+    assert len(env.train_rows) == 18 and len(env.held_out_rows) == 2
     env.reset(3)
     assert env.question == "What is 3 times 2?" and env.step("\\boxed{6}").reward == 1.0
     env.reset(EVAL_SEED_BASE)
@@ -137,7 +137,7 @@ def test_dataset_files_keys_and_errors(tmp_path):
     saved = tmp_path / "saved"
     datasets.Dataset.from_list(rows).save_to_disk(str(saved))
     env = make_env("math", data=str(saved), eval_data=str(pq), question_key="question", answer_key="solution")
-    assert len(env.train) == 20 and len(env.held_out) == 3
+    assert len(env.train_rows) == 20 and len(env.held_out_rows) == 3
     with pytest.raises(ValueError, match="env.question_key='problem' is not a column"):
         make_env("math", data=str(jl))
     with pytest.raises(ValueError, match="does not exist"):

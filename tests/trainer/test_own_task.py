@@ -199,6 +199,16 @@ def test_held_out_with_data_is_refused(tmp_path):
         make_env("math", data=str(data), held_out=0.3)
 
 
+def test_the_tiny_models_cache_tells_users_classes_and_keywords_apart():
+    """The tiny model's tokenizer is trained on the environment's own text: another class, or other
+    keywords of the same class, get another cached model."""
+    from freshper.trainer.model import tiny_model_dir
+
+    base = C.load("tiny", None, {"env.name": f"{HERE}:Doubling"})
+    other = C.load("tiny", None, {"env.name": f"{HERE}:Doubling", "env.kwargs": "{limit: 7}"})
+    assert tiny_model_dir(base) != tiny_model_dir(other) != tiny_model_dir(C.load("tiny"))
+
+
 def test_a_users_class_leaves_the_built_in_registry_as_it_was():
     """A user's class is found by its path without joining ENVS, whose names are the built-ins the
     config declares (it used to register there, so later tests saw one environment too many)."""

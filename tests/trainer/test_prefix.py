@@ -164,7 +164,7 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
 
 
 def test_hf_engine_prefills_each_distinct_prompt_once():
-    """HFEngine with share_prompts against without, on a batch that repeats three prompts of
+    """HFEngine with share_prefix against without, on a batch that repeats three prompts of
     different lengths (left padding differs between them): the same greedy replies, and
     log-probs within 4x the float32 engine's own error against the same engine in float64.
     Checked once to fail: prompt positions numbered 0.. from the padded start (not by the
@@ -187,7 +187,7 @@ def test_hf_engine_prefills_each_distinct_prompt_once():
     runs = {}
     for name, share, dtype in (("shared", True, torch.float32), ("whole", False, torch.float32),
                                ("whole64", False, torch.float64)):
-        engine = HFEngine(model.to(dtype), tok, share_prompts=share)
+        engine = HFEngine(model.to(dtype), tok, share_prefix=share)
         if share:
             assert engine._prompt_cache(*_left_padded(prompts, tok.pad_token_id), "cpu") is not None
         runs[name] = engine.generate(prompts, 12, greedy)
@@ -207,3 +207,33 @@ def _left_padded(prompts, pad):
         ids[i, width - len(p):] = torch.tensor(p)
         attn[i, width - len(p):] = 1
     return ids, attn
+
+
+def test_learned_absolute_positions_stay_inside_their_table():
+    """GPT-2 has a table of max_position_embeddings learned positions. Row 1's prefix is long and
+    its suffix short; row 0's the reverse: the padded suffix block would give row 1 positions up to
+    P + S - 1 = 19, past a table of 12, although every row has 12 tokens. Clamped, the shared
+    forward equals the padded one (float64); unclamped it indexes out of the table."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config(vocab_size=50, n_positions=12, n_embd=16, n_layer=2, n_head=2)).double().eval()
+    tokens = torch.randint(0, 50, (2, 12))
+    lengths, starts = torch.tensor([12, 12]), torch.tensor([2, 10])
+    with torch.no_grad():
+        shared = shared_prefix_hidden(model, tokens, lengths, starts)
+        whole = model(input_ids=tokens).last_hidden_state
+    torch.testing.assert_close(shared, whole, rtol=1e-10, atol=1e-10)
+
+
+def test_sliding_window_models_run_whole():
+    """A sliding window counts positions of the padded block: such models take neither the
+    shared-prompt forward nor the engine's turn cache."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig
+
+    from freshper.trainer.model import full_attention
+
+    assert full_attention(Qwen2Config()) and full_attention(LlamaConfig())
+    assert not full_attention(MistralConfig(sliding_window=4096))
+    assert not full_attention(Gemma2Config())
+    assert full_attention(MistralConfig(sliding_window=None))

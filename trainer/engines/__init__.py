@@ -9,7 +9,7 @@ def make_engine(kind: str, model, tokenizer, cfg, device, model_path: str | None
     if kind == "hf":
         from .hf import HFEngine
 
-        return HFEngine(model, tokenizer, share_prompts=cfg.model.share_prefix)
+        return HFEngine(model, tokenizer, share_prefix=cfg.model.share_prefix)
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from ..model import stop_token_ids
+from ..model import full_attention, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 from .turn_cache import TurnCache
 
@@ -18,26 +18,17 @@ from .turn_cache import TurnCache
 class HFEngine(Engine):
     name = "hf"
 
-    def __init__(self, model, tokenizer, share_prompts: bool = True, turn_cache: bool = True):
-        """`share_prompts`: prefill each distinct prompt of a batch once (a GRPO group's rows
+    def __init__(self, model, tokenizer, share_prefix: bool = True, turn_cache: bool = True):
+        """`share_prefix`: prefill each distinct prompt of a batch once (a GRPO group's rows
         repeat one prompt) and start every row's generation from its prompt's cache.
         `turn_cache`: keep each episode's key/value cache between its turns (generate's `keys`),
         so a turn prefills only its new tokens (turn_cache.py); text models with full attention."""
         self.model = model
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
-        self.share_prompts = share_prompts
-        self.turns = TurnCache() if turn_cache and self._full_attention_text_model() else None
-
-    def _full_attention_text_model(self) -> bool:
-        c = self.model.config
-        if getattr(c, "vision_config", None) is not None:
-            return False
-        text = c.get_text_config(decoder=True) if hasattr(c, "get_text_config") else c
-        types = getattr(text, "layer_types", None)
-        if types is not None:
-            return all(t == "full_attention" for t in types)
-        return getattr(text, "sliding_window", None) is None or getattr(text, "use_sliding_window", True) is False
+        self.share_prefix = share_prefix
+        text = getattr(model.config, "vision_config", None) is None
+        self.turns = TurnCache() if turn_cache and text and full_attention(model.config) else None
 
     def release(self, keys) -> None:
         if self.turns is not None:
@@ -110,7 +101,7 @@ class HFEngine(Engine):
                 extra = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
-        elif not extra and self.share_prompts and getattr(self.model.config, "vision_config", None) is None:
+        elif not extra and self.share_prefix and getattr(self.model.config, "vision_config", None) is None:
             cache = self._prompt_cache(ids, attn, device)  # text models, first turns
             if cache is not None:
                 extra = {"past_key_values": cache}

@@ -146,24 +146,24 @@ class GeoQA(BoxedQuestion):
         if not 56 <= image_size <= 2048:
             raise ValueError(f"image_size must lie in [56, 2048] pixels, got {image_size}")
         self.image_size = image_size
-        self.train, self.held_out = (), ()
+        self.train_rows, self.held_out_rows = (), ()
         if data:
             rows = load_rows(data, question_key, answer_key, image_key)
             if eval_data:
-                self.train, self.held_out = rows, load_rows(eval_data, question_key, answer_key, image_key)
+                self.train_rows, self.held_out_rows = rows, load_rows(eval_data, question_key, answer_key, image_key)
             elif len(rows) < 2:
                 raise ValueError(f"env.data: {data} has {len(rows)} row; give env.eval_data or more rows")
             else:
                 cut = max(1, len(rows) // 10)
-                self.train, self.held_out = rows[:-cut], rows[-cut:]
+                self.train_rows, self.held_out_rows = rows[:-cut], rows[-cut:]
         self.picture, self.question, self.answer = None, "", ""
         self.correct = False
 
     def _reset(self, seed: int) -> None:
-        if not self.train:
+        if not self.train_rows:
             self.picture, self.question, self.answer = figure(seed, self.image_size)
         else:
-            rows, base = (self.held_out, EVAL_SEED_BASE) if seed >= EVAL_SEED_BASE else (self.train, 0)
+            rows, base = (self.held_out_rows, EVAL_SEED_BASE) if seed >= EVAL_SEED_BASE else (self.train_rows, 0)
             self.picture, self.question, self.answer = rows[(seed - base) % len(rows)]
         self.correct = False
 

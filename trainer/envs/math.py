@@ -310,7 +310,7 @@ class Math(BoxedQuestion):
         self.success_at = success_at
         if reward:
             self.reward_fn = UserReward(reward)
-        self.train, self.held_out = (), ()
+        self.train_rows, self.held_out_rows = (), ()
         if held_out and data:
             raise ValueError(f"held_out={held_out} splits procedural problems by content; with data the split is "
                              f"eval_data, or else the last tenth of data (give held_out 0)")
@@ -319,12 +319,12 @@ class Math(BoxedQuestion):
         if data:
             rows = load_problems(data, question_key, answer_key)
             if eval_data:
-                self.train, self.held_out = rows, load_problems(eval_data, question_key, answer_key)
+                self.train_rows, self.held_out_rows = rows, load_problems(eval_data, question_key, answer_key)
             else:
                 cut = max(1, len(rows) // 10)
                 if len(rows) < 2:
                     raise ValueError(f"env.data: {data} has {len(rows)} row; give env.eval_data or more rows")
-                self.train, self.held_out = rows[:-cut], rows[-cut:]
+                self.train_rows, self.held_out_rows = rows[:-cut], rows[-cut:]
         self.question, self.answer = "", ""
         self.correct = False
 
@@ -366,10 +366,10 @@ class Math(BoxedQuestion):
         return (10 ** self.digits,) * (self.operands - 1) + (10 ** last,)
 
     def _reset(self, seed: int) -> None:
-        if not self.train:
+        if not self.train_rows:
             self.question, self.answer = self._procedural(seed)
         else:
-            rows = self.held_out if seed >= EVAL_SEED_BASE else self.train
+            rows = self.held_out_rows if seed >= EVAL_SEED_BASE else self.train_rows
             base = EVAL_SEED_BASE if seed >= EVAL_SEED_BASE else 0
             self.question, self.answer = rows[(seed - base) % len(rows)]
         self.correct = False

@@ -212,11 +212,11 @@ class Search(QuestionEnv):
         if data:
             from .math import load_problems
 
-            self.train = load_problems(data, question_key, answer_key)
-            self.held_out = load_problems(eval_data, question_key, answer_key) if eval_data else self.train[-max(
-                1, len(self.train) // 10):]
+            self.train_rows = load_problems(data, question_key, answer_key)
+            self.held_out_rows = load_problems(eval_data, question_key, answer_key) if eval_data else \
+                self.train_rows[-max(1, len(self.train_rows) // 10):]
         else:
-            _, self.train, self.held_out = generated_kb(kb_seed)
+            _, self.train_rows, self.held_out_rows = generated_kb(kb_seed)
         self.question, self.golds = "", []
         self.searches, self.correct, self.answer_f1 = 0, False, 0.0
         self.answer_em = self.answer_contains = 0.0  # both rules, whichever rewards
@@ -224,7 +224,7 @@ class Search(QuestionEnv):
         self.copied_queries, self.answer_copied = 0, 0.0  # the mechanics the format warm start teaches
 
     def _reset(self, seed: int) -> None:
-        rows = self.held_out if seed >= EVAL_SEED_BASE else self.train
+        rows = self.held_out_rows if seed >= EVAL_SEED_BASE else self.train_rows
         base = EVAL_SEED_BASE if seed >= EVAL_SEED_BASE else 0
         self.question, golds = rows[random.Random(seed - base).randrange(len(rows))]
         self.golds = _parse_golds(golds)
