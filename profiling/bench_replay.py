@@ -28,7 +28,8 @@ def _median_us(fn, steps: int) -> float:
     return median_seconds(fn, steps, warmup=20) * 1e6
 
 
-def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: str = "cpu") -> float:
+def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: str = "cpu",
+                   profile: bool = False) -> float:
     buf = ReplayBuffer(capacity, mode="freshper", tau=500.0, sampler=sampler, device=device)
     g = torch.Generator().manual_seed(0)
     chunk = 10_000
@@ -50,8 +51,39 @@ def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: 
         def timed():
             one()
             torch.cuda.synchronize()
-        return _median_us(timed, steps)
+        us = _median_us(timed, steps)
+        if profile:  # where a step's time goes: each phase's wall time, then the top host-side ops
+            _profile_phases(buf, batch, g, state)
+        return us
     return _median_us(one, steps)
+
+
+def _profile_phases(buf, batch: int, g, state) -> None:
+    import time
+
+    phases = {"add": [], "sample": [], "update_priorities": []}
+    for _ in range(50):
+        state["step"] += 1
+        t, pr = state["step"], torch.rand(batch, generator=g, dtype=torch.float64)
+        for name, fn in (("add", lambda: buf.add(pr, step=t, obs=torch.zeros(batch, 1))),
+                         ("sample", lambda: state.__setitem__("b", buf.sample(batch, step=t))),
+                         ("update_priorities", lambda: buf.update_priorities(state["b"].indices, pr))):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            phases[name].append(time.perf_counter() - t0)
+    print("  phases (median us): " + ", ".join(f"{k} {sorted(v)[len(v) // 2] * 1e6:.0f}" for k, v in phases.items()))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            state["step"] += 1
+            t = state["step"]
+            buf.add(torch.rand(batch, generator=g, dtype=torch.float64), step=t, obs=torch.zeros(batch, 1))
+            b = buf.sample(batch, step=t)
+            buf.update_priorities(b.indices, torch.rand(batch, generator=g, dtype=torch.float64))
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def bench_cpprb(capacity: int, batch: int, steps: int) -> float | None:
@@ -117,6 +149,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=256, help="trajectories added, sampled and updated per step")
     ap.add_argument("--steps", type=int, default=200, help="timed steps per configuration (median reported)")
     ap.add_argument("--scan", action="store_true", help="also time the flat torch scan sampler")
+    ap.add_argument("--profile", action="store_true", help="on CUDA: each phase's time and the top ops of a step")
     args = ap.parse_args(argv)
     caps = [int(float(c)) for c in args.capacities.split(",")]
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -139,7 +172,8 @@ def main(argv=None):
     if torch.cuda.is_available():
         print("\n| capacity | freshper on CUDA, triton sampler (us) |\n|---|---|")
         for cap in caps:
-            print(f"| {cap:.0e} | {bench_freshper(cap, args.batch, args.steps, 'triton', 'cuda'):.0f} |", flush=True)
+            us = bench_freshper(cap, args.batch, args.steps, "triton", "cuda", args.profile and cap == caps[-1])
+            print(f"| {cap:.0e} | {us:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ step kernel-tests tests.txt python3 -m pytest -q -p no:cacheprovider -rs tests/k
 
 step bench_kernels bench_kernels.txt python3 -m freshper.profiling.bench_kernels --quick
 
-step bench_replay bench_replay.txt python3 -m freshper.profiling.bench_replay --steps 100
+step bench_replay bench_replay.txt python3 -m freshper.profiling.bench_replay --steps 100 --profile
 
 # What the preamble found decides the smoke runs (no untimed imports here).
 no_gym=0
