@@ -9,8 +9,9 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md"}
+TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "history.md": "results/HISTORY.md"}
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
+LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
 
 
 def on_files(files, config):
@@ -18,14 +19,27 @@ def on_files(files, config):
         text = (ROOT / name).read_text(encoding="utf-8")
         files.append(File.generated(config, uri, content=text))
         for img in IMAGE.findall(text):
-            files.append(File.generated(config, img, abs_src_path=str(ROOT / img)))
+            files.append(File.generated(config, img, abs_src_path=str((ROOT / name).parent / img)))
     return files
 
 
+def _site_links(markdown: str, page_path: Path) -> str:
+    """Links written to resolve in the repository (docs/x.md -> ../RESULTS.md) pointed at the
+    site's copies of those files (results.md): the pages read right on GitHub and on the site."""
+    site = {(ROOT / name).resolve(): uri for uri, name in TOP.items()}
+
+    def swap(m):
+        target = site.get((page_path.parent / m.group(1)).resolve())
+        return f"]({target}{m.group(2) or ''})" if target else m.group(0)
+    return LINK.sub(swap, markdown)
+
+
 def on_page_markdown(markdown, page, config, files):
-    if page.file.src_uri == "configuration.md":
+    src = page.file.src_uri
+    markdown = _site_links(markdown, ROOT / TOP[src] if src in TOP else ROOT / "docs" / src)
+    if src == "configuration.md":
         return markdown.replace("<!-- options -->", options_reference())
-    if page.file.src_uri in ("trl.md", "api.md"):
+    if src in ("trl.md", "api.md"):
         return markdown.replace("<!-- trl-options -->", trl_options())
     return markdown
 

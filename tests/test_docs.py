@@ -172,3 +172,69 @@ def test_the_preset_table_names_every_preset():
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     table = text[text.index("## Presets"):text.index("## Every option")]
     assert [p for p in C.PRESETS if f"`{p}`" not in table] == []
+
+
+LINKED = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", ROOT / "results" / "HISTORY.md",
+          ROOT / "results" / "benchmarks" / "HISTORY.md", *sorted((ROOT / "docs").glob("*.md"))]
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", LINKED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves_in_the_repository(page):
+    """Where most readers read, on GitHub: a relative link names a file of the checkout (the site
+    build rewrites the ones to RESULTS.md and BENCHMARKS.md to its own copies, docs/hooks.py)."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    broken = [t for t in MD_LINK.findall(text)
+              if not re.match(r"[a-z]+:|#", t) and not (page.parent / t.split("#")[0]).exists()]
+    assert broken == []
+
+
+# Words about how the project was made, not about what it is: a reader needs the fact ("never
+# run on a GPU"), not its history. RESULTS.md's registration text is frozen and keeps its words.
+PROCESS = re.compile(r"\B#\d{2,}\b|\bthe issue\b|\bissue's\b|\bissues\b|\btoday\b|\bthis round\b|\bround's\b"
+                     r"|\bsessions?\b|has been lent|been available to this project", re.I)
+REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users would do instead.*?"
+                          r"starts over in a later session\.", re.S)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES], ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_pages_say_what_is_not_how_it_was_made(page):
+    text = page.read_text(encoding="utf-8")
+    if page.name == "RESULTS.md":
+        text = REGISTRATION.sub("", text, count=1)
+    found = sorted({m.group(0) for m in PROCESS.finditer(text)})
+    assert found == []
+
+
+def test_the_readmes_figures_are_the_current_tables():
+    """Each figure of the README's status table (x-ratios, signed differences, times) is stated in
+    BENCHMARKS.md's or RESULTS.md's current part, so the two cannot drift apart unseen."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    status = readme[readme.index("## Status"):readme.index("## Set-up")]
+    figures = set(re.findall(r"\d+\.\d+x|[−+]\d\.\d{3}|\[[−+]\d\.\d{3}, [−+]\d\.\d{3}\]|\d+\.\d+(?:–\d+\.\d+)? ms"
+                             r"|\d+\.\d+ s → \d+\.\d+ s", status))
+    bench = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    results = (ROOT / "RESULTS.md").read_text(encoding="utf-8")
+    table = bench.index("## Current figures")
+    current = bench[table:bench.index("\n## ", table + 5)] + results[:results.index("## Pre-registered study")]
+    assert len(figures) >= 6, figures
+    assert sorted(f for f in figures if f not in current) == []
+
+
+@pytest.mark.parametrize("needle", ["rewards:exact_boxed", "word_reverse:WordReverse"])
+def test_the_own_task_examples_run_as_the_page_gives_them(needle, tmp_path):
+    """docs/own-task.md's two commands, from the checkout's root, word for word but one iteration
+    long and writing under a temporary folder."""
+    page = (ROOT / "docs" / "own-task.md").read_text(encoding="utf-8")
+    line = next(x for _, code in FENCE.findall(page) for x in code.splitlines() if needle in x)
+    words = shlex.split(line)
+    env = {**os.environ, "FRESHPER_CACHE": str(tmp_path / "cache")}
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[:2] == ["freshper", "train"], line
+    argv = [sys.executable, "-m", "freshper.trainer.cli", *words[1:], "--train.iterations", "1", "--eval.every", "0",
+            "--train.run_dir", str(tmp_path / "runs"), "--train.progress", "false"]
+    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list((tmp_path / "runs").glob("*/metrics.jsonl"))
