@@ -69,3 +69,12 @@ def test_bench_iteration_at_finds_equal_numbers_only_where_they_are(tmp_path, mo
     # another seed for B: the check must see its numbers differ
     assert bench_iteration_at.main([*common, "--args-b", "--train.seed 1"]) == 0
     assert not capsys.readouterr().out.rstrip().endswith(": 0")
+
+
+def test_bench_turns_compares_the_turn_cache_on_the_same_samples(monkeypatch, tmp_path, capsys):
+    from freshper.profiling import bench_turns
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "same samples: True" in out and "| turn cache |" in out and "up to 3 turns" in out
