@@ -238,3 +238,18 @@ def test_the_own_task_examples_run_as_the_page_gives_them(needle, tmp_path):
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "runs").glob("*/metrics.jsonl"))
+
+
+def test_every_commit_a_figure_names_is_dated_in_the_commits_page():
+    """A quoted commit is placed in time by docs/commits.md (its date and subject)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = (ROOT / "docs" / "commits.md").read_text(encoding="utf-8")
+    quoted, hash7 = set(), re.compile(r"(?<![0-9a-zA-Z_/.-])([0-9a-f]{7})(?![0-9a-zA-Z_-])")
+    for page in LINKED:
+        if page.name != "commits.md":
+            quoted |= set(hash7.findall(page.read_text(encoding="utf-8")))
+    commits = {h for h in quoted if subprocess.run(["git", "cat-file", "-t", h], cwd=ROOT, capture_output=True,
+                                                     text=True).stdout.strip() == "commit"}
+    assert len(commits) >= 10
+    assert sorted(h for h in commits if f"`{h}`" not in listed) == []
