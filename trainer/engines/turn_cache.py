@@ -62,7 +62,9 @@ class TurnCache:
 
     def batch(self, prompts: list[list[int]], keys: list, cached: list[int], pad: int):
         """The generate inputs of rows with cached prefixes: ids and attention mask (R, Cmax + Nmax)
-        int64 in the layout above, and the batch's per-layer (keys, values) (R, heads, Cmax, dim)."""
+        int64 in the layout above, and the batch's per-layer (keys, values) (R, heads, Cmax, dim).
+        Each row's own cache is handed over to the batch (not copied beside it), so a turn holds
+        the conversation's keys once, not twice."""
         R, cmax = len(prompts), max(cached)
         nmax = max(len(p) - c for p, c in zip(prompts, cached))
         ids = torch.full((R, cmax + nmax), pad, dtype=torch.long)
@@ -77,7 +79,7 @@ class TurnCache:
             ids[i, cmax + nmax - len(new):] = torch.tensor(new, dtype=torch.long)
             attn[i, cmax + nmax - len(new):] = 1
             if c:
-                for (K, V), (k, v) in zip(layers, self.kept[key][1]):
+                for (K, V), (k, v) in zip(layers, self.kept.pop(key)[1]):  # keep() stores it anew
                     K[i, :, cmax - c:] = k
                     V[i, :, cmax - c:] = v
         return ids, attn, layers
