@@ -78,3 +78,12 @@ def test_bench_turns_compares_the_turn_cache_on_the_same_samples(monkeypatch, tm
     assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "same samples: True" in out and "| turn cache |" in out and "up to 3 turns" in out
+
+
+def test_bench_share_times_both_forms_for_each_share(monkeypatch, tmp_path, capsys):
+    from freshper.profiling import bench_share
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    assert bench_share.main(["--preset", "tiny", "--rows", "4", "--reply", "4", "--repeats", "1"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ") and " of 4 " in x]
+    assert [x.split("|")[1].strip() for x in lines] == ["1 of 4", "2 of 4", "4 of 4"]
