@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     k = 1
     while k <= args.rows:
         prompts = [Episode(tok, env.opening(env.reset(s), cfg.rollout.max_new_tokens)).ids for s in range(k)]
-        rows = [prompts[i % k] + torch.randint(100, 40000, (args.reply,), generator=g).tolist()
+        vocab = model.config.vocab_size
+        rows = [prompts[i % k] + torch.randint(vocab // 4, vocab, (args.reply,), generator=g).tolist()
                 for i in range(args.rows)]
         n = max(len(r) for r in rows)
         tokens = torch.full((args.rows, n), tok.pad_token_id)
