@@ -87,3 +87,12 @@ def test_bench_share_times_both_forms_for_each_share(monkeypatch, tmp_path, caps
     assert bench_share.main(["--preset", "tiny", "--rows", "4", "--reply", "4", "--repeats", "1"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ") and " of 4 " in x]
     assert [x.split("|")[1].strip() for x in lines] == ["1 of 4", "2 of 4", "4 of 4"]
+
+
+def test_bench_decode_names_where_a_step_goes(monkeypatch, tmp_path, capsys):
+    from freshper.profiling import bench_decode
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    assert bench_decode.main(["--preset", "tiny", "--rows", "2", "--cache", "16", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "one decode step:" in out and "| aten::" in out
