@@ -96,6 +96,18 @@ PRESETS: dict[str, dict] = {
                              "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                              "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
                              "algo.warmup_steps": 0},
+    # SmolLM2 plays FrozenLake (4x4 random maps, random start and goal, non-slippery; 5 moves), the
+    # game the issue names as the fallback where Sokoban is not learned: a format warm start on
+    # random valid moves, then RL; validation on maps held out by content. 4 maps x 4 replies per
+    # iteration. tau is the paper's FrozenLake value until a pilot measures this setting's drift.
+    "smollm2-135m-frozenlake": {"model.path": "smollm2-135m", "env.name": "frozenlake", "env.max_turns": 5,
+                                "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 640,
+                                "rollout.episodes": 16, "rollout.group_size": 4, "algo.replay_batch": 16,
+                                "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 2,
+                                "eval.every": 8, "eval.episodes": 32, "eval.samples": 2, "eval.temperature": 1.0,
+                                "train.iterations": 16, "train.sft_steps": 6, "train.sft_lr": 1e-4,
+                                "algo.tau": 1000.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
+                                "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
     "search-cpu": {"env.name": "search", "env.max_turns": 10, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                    "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64, "algo.capacity": 16384,
                    "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,
