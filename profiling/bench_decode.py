@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     import torch
 
     from freshper.trainer import config
-    from freshper.trainer.model import load_policy
+    from freshper.trainer.model.load import load_policy
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--preset", default="smollm2-135m-sokoban")

@@ -1,5 +1,5 @@
 """When does the shared-prompt forward pay? Forward and backward of one micro-batch, whole rows
-against each distinct prompt run once (trainer/prefix.py), as the share of distinct prompts grows.
+against each distinct prompt run once (trainer/model/prefix.py), as the share of distinct prompts grows.
 
 Rows are the default job's: SmolLM2's chat template around a one-digit sum (about 56 tokens), then
 a reply of random tokens. A micro-batch of R rows holds k distinct prompts, each R / k times (k =
@@ -18,11 +18,11 @@ def main(argv=None) -> int:
     import torch
 
     from freshper.trainer import config
-    from freshper.trainer.chat import Episode
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model import env_kwargs, load_policy
-    from freshper.trainer.prefix import reply_starts
-    from freshper.trainer.sharding import PolicyNet
+    from freshper.trainer.model.chat import Episode
+    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.prefix import reply_starts
+    from freshper.trainer.model.sharding import PolicyNet
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--preset", default="smollm2-135m-math")

@@ -36,7 +36,7 @@ def _peak_gb() -> float:
 
 def run_ours(replay: bool, iterations: int, skip: int, out: str, checkpointing: bool, engine: str) -> dict:
     from freshper.trainer import config
-    from freshper.trainer.loop import Trainer
+    from freshper.trainer.train.loop import Trainer
 
     cfg = config.load(PRESET, None, {"algo.mode": "freshper" if replay else "on-policy",
                                      "train.iterations": iterations, "eval.every": 0, "train.progress": False,
@@ -58,7 +58,7 @@ def _dataset(n: int):
 
     from freshper.trainer import config
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model import env_kwargs
+    from freshper.trainer.model.load import env_kwargs
 
     cfg = config.load(PRESET, None, {})
     env = make_env("math", **env_kwargs(cfg))
@@ -74,7 +74,7 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str, checkpointing: b
 
     from freshper.integrations.trl import FreshPERGRPOConfig, FreshPERGRPOTrainer
     from freshper.trainer.envs.math import score
-    from freshper.trainer.model import model_path
+    from freshper.trainer.model.load import model_path
 
     ds, cfg = _dataset(4 * iterations)
     r = cfg.rollout

@@ -20,8 +20,8 @@ def main(argv=None) -> int:
     from freshper.trainer import config
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model import env_kwargs, load_policy
-    from freshper.trainer.rollout import rollout
+    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.train.rollout import rollout
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--preset", default="smollm2-135m-sokoban")

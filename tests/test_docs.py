@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from freshper.trainer import compare
 from freshper.trainer import config as C
 from freshper.trainer.cli import DEFAULT_PRESET
 from freshper.trainer.flags import parse_overrides
+from freshper.trainer.study import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -81,3 +81,43 @@ def test_the_library_never_imports_the_trainer():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# trainer/'s folders, lowest first: each imports only those before it; the top-level modules
+# every layer shares (config, presets, flags, dist) are left out; cli and entry sit above all
+LAYERS = ("envs", "model", "engines", "train", "study")
+TOP = ("cli", "entry")
+
+
+def trainer_layer(module: str):
+    parts = module.split(".")
+    if parts[:2] != ["freshper", "trainer"] or len(parts) < 3:
+        return None
+    if parts[2] in LAYERS:
+        return LAYERS.index(parts[2])
+    return len(LAYERS) if parts[2] in TOP else None
+
+
+def layering_violations(edges) -> list[str]:
+    bad = []
+    for m, ts in edges.items():
+        lm = trainer_layer(m)
+        if lm is None:
+            continue
+        for t in ts:
+            lt = trainer_layer(t)
+            if lt is not None and lt > lm:
+                bad.append(f"{m} -> {t}")
+    return sorted(bad)
+
+
+def test_trainer_folders_import_one_way():
+    assert layering_violations(graph()) == []
+
+
+def test_the_layering_check_sees_an_upward_import():
+    edges = graph()
+    edges["freshper.trainer.model.policy"] = edges["freshper.trainer.model.policy"] | {"freshper.trainer.train.loop"}
+    edges["freshper.trainer.study.chance"] = edges["freshper.trainer.study.chance"] | {"freshper.trainer.cli"}
+    assert layering_violations(edges) == ["freshper.trainer.model.policy -> freshper.trainer.train.loop",
+                                          "freshper.trainer.study.chance -> freshper.trainer.cli"]

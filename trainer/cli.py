@@ -138,7 +138,7 @@ def start(cfg: C.Config, run_dir: Path, resume: bool, new_dir: bool, dist=None):
     import shutil
 
     from .dist import SINGLE
-    from .loop import Trainer
+    from .train.loop import Trainer
 
     dist = dist or SINGLE
     try:
@@ -192,7 +192,7 @@ def cmd_train(argv) -> int:
     """One process, or every rank of a torchrun job: rank 0 checks and locks the run folder and
     its verdict reaches all ranks before anything is written."""
     from . import dist as D
-    from .loop import check_world
+    from .dist import check_world
 
     p = _train_parser("freshper train", argv)
     args, rest = p.parse_known_args(argv)
@@ -303,7 +303,7 @@ def cmd_plot(argv) -> int:
     p.add_argument("run_dir")
     p.add_argument("--out", help="PNG path (default RUN_DIR/learning_curve.png)")
     args = p.parse_args(argv)
-    from .metrics import plot
+    from .train.metrics import plot
 
     try:
         print(plot(args.run_dir, args.out))
@@ -313,13 +313,13 @@ def cmd_plot(argv) -> int:
 
 
 def cmd_compare(argv) -> int:
-    from .compare import main as compare_main
+    from .study.compare import main as compare_main
 
     return compare_main(argv)
 
 
 def cmd_chance(argv) -> int:
-    from .chance import main as chance_main
+    from .study.chance import main as chance_main
 
     return chance_main(argv)
 
@@ -332,8 +332,8 @@ def cmd_export(argv) -> int:
     p.add_argument("--iteration", type=int, help="checkpoint iteration (default: the latest)")
     p.add_argument("--force", action="store_true", help="write into OUT even if it holds files")
     args = p.parse_args(argv)
-    from .checkpoint import CheckpointError
-    from .export import export
+    from .train.checkpoint import CheckpointError
+    from .train.export import export
 
     try:
         print(export(args.run_dir, args.out, args.iteration, overwrite=args.force))
@@ -359,7 +359,7 @@ def cmd_eval(argv) -> int:
     is_run = (target / "checkpoints").is_dir() and (target / "config.yaml").exists()
     if not is_run and not (target / "config.json").exists():
         p.error(f"{target} is neither a run folder (checkpoints/, config.yaml) nor a model folder (config.json)")
-    from .export import export
+    from .train.export import export
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -372,11 +372,11 @@ def cmd_eval(argv) -> int:
                          run_config=config_file is not None)
         except ValueError as e:
             p.error(str(e))
-        from .loop import Trainer
+        from .train.loop import Trainer
 
         ev = Trainer(cfg, Path(tmp) / "eval").evaluate()
     e = cfg.eval
-    from .intervals import wilson_half
+    from .train.intervals import wilson_half
 
     n, pk = e.episodes, ev["eval_pass_at_k"]
     score_half = ev["eval_score_ci95"]

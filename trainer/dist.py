@@ -11,9 +11,13 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .config import Config
 
 # A rank's own sampling streams are seeded at train.seed + RANK_SEED_STRIDE * rank (more than any
 # seed a sweep uses, so no two (seed, rank) pairs share a stream); rank 0's are a single run's.
@@ -133,3 +137,42 @@ def close(d: Dist, wait: bool = False) -> None:
         state.destroy_distributed_environment()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def check_world(cfg: "Config", world: int) -> None:
+    """What several ranks need of the configuration, checked before anything is built."""
+    if world == 1:
+        return
+    a, r, e = cfg.algo, cfg.rollout, cfg.eval
+    groups = r.episodes // r.group_size
+    bad = []
+    if groups % world:
+        bad.append(f"rollout.episodes / rollout.group_size = {groups} groups must split evenly over {world} ranks")
+    if e.every and e.episodes % world:
+        bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
+    if a.mode != "on-policy" and a.capacity % world:
+        bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
+    if a.mode != "on-policy" and a.replay_unit != "trajectory":
+        bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
+                   "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
+    if cfg.model.lora_rank:  # FSDP2 with frozen base weights and an adapter-only checkpoint: not built yet
+        bad.append(f"model.lora_rank={cfg.model.lora_rank}: LoRA runs on one process; use model.lora_rank=0 "
+                   "on several ranks")
+    if bad:
+        raise ValueError(f"WORLD_SIZE={world}: " + "; ".join(bad))
+
+
+class rank0_first:
+    """Rank 0 runs the block first (it may fill a cache), then the others (they read it)."""
+
+    def __init__(self, dist: "Dist"):
+        self.dist = dist
+
+    def __enter__(self):
+        if not self.dist.main:
+            self.dist.barrier()
+
+    def __exit__(self, *exc):
+        if self.dist.main and exc[0] is None:
+            self.dist.barrier()
+        return False

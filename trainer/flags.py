@@ -1,6 +1,6 @@
 """The config fields as command-line flags: an argparse parser generated from the declarations.
 
-Each field of trainer/config.py becomes `--section.field VALUE` (and `--field VALUE` where the
+Each field of trainer/config/options.py becomes `--section.field VALUE` (and `--field VALUE` where the
 field's name is unique across sections), in one argument group per section, its help the
 declaration's, its default shown as the chosen preset sets it. argparse splits the command line
 (`--k v` and `--k=v`, negative numbers, `--help`); the declarations convert and check each value,

@@ -1,5 +1,5 @@
 """The presets: named sets of config values (`freshper train --preset NAME`), applied over the
-dataclass defaults of trainer/config.py, under a --config file and the command line.
+dataclass defaults of trainer/config/options.py, under a --config file and the command line.
 
 CPU presets run here (the tiny models built from scratch, SmolLM2-135M-Instruct); GPU presets
 are the paper's settings (weights and data must be on the machine or reachable from the hub).
@@ -56,12 +56,12 @@ PRESETS: dict[str, dict] = {
                  "algo.capacity": 16384, "algo.micro_batch": 64, "eval.every": 20, "eval.episodes": 32,
                  "eval.samples": 4, "eval.temperature": 1.0, "train.iterations": 200, "algo.tau": 200.0,
                  "algo.adv_clip": 0.0, "algo.lr": 3e-4, "algo.lr_schedule": "constant"},
-    # A real pretrained LLM on the CPU: SmolLM2-135M-Instruct (trainer/pretrained.py), one-digit
+    # A real pretrained LLM on the CPU: SmolLM2-135M-Instruct (trainer/model/pretrained.py), one-digit
     # addition in the authors' math prompt. Scored by the last number of the reply: the authors'
     # rule (math-verify over the whole reply) credits restating the question, which is most of
     # the untrained model's score on this task (measured: RESULTS.md, "Where SmolLM2 starts").
     # lr 1e-5: the policy drifts 0.03 nats/token per iteration of age, so tau = 1 / (2 * 0.03) = 17
-    # iterations (trainer/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
+    # iterations (trainer/train/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
     "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1,
                           "env.scorer": "last-number", "rollout.max_new_tokens": 32, "rollout.max_len": 160,
                           "rollout.episodes": 32, "rollout.group_size": 8, "algo.replay_batch": 32,

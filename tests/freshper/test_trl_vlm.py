@@ -30,7 +30,7 @@ class TinyVLProcessor(ProcessorMixin):
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
 
     def __call__(self, images=None, text=None, padding=False, return_tensors=None, padding_side=None, **kw):
-        from freshper.trainer.vision import expand_ids, process
+        from freshper.trainer.model.vision import expand_ids, process
 
         flat = [im for row in (images or []) for im in (row if isinstance(row, (list, tuple)) else [row])]
         out, counts = {}, []
@@ -55,8 +55,8 @@ class TinyVLProcessor(ProcessorMixin):
 
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory):
-    from freshper.trainer.model import SPECIALS
-    from freshper.trainer.vision import build_tiny_vl, image_processor
+    from freshper.trainer.model.load import SPECIALS
+    from freshper.trainer.model.vision import build_tiny_vl, image_processor
 
     path = build_tiny_vl(tmp_path_factory.mktemp("vl") / "tiny", ["Which colour is the picture?", *COLOURS] * 20,
                          SPECIALS, TEMPLATE)

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from freshper.trainer import pretrained
+from freshper.trainer.model import pretrained
 
 
 def require_smollm2():

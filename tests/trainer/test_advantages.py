@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from freshper.trainer.advantages import advantages
+from freshper.trainer.train.advantages import advantages
 
 
 def test_reinforce_pp_batch_normalised():
@@ -30,7 +30,7 @@ def test_reinforce_equals_grpo_on_outcome_rewards_and_groups_need_not_be_sorted(
 
 
 def test_shape_whitens_over_response_tokens_and_clips():
-    from freshper.trainer.advantages import shape
+    from freshper.trainer.train.advantages import shape
 
     adv = torch.tensor([2.0, -1.0])
     mask = torch.tensor([[True, True, False], [False, True, False]])
@@ -63,7 +63,7 @@ def test_sample_std_is_the_papers_normaliser():
 def test_a_batch_of_equal_returns_has_exactly_zero_advantage_even_after_whitening(kind, std):
     """Equal returns whose float32 mean is not exact (8 x -0.45, 3 x 0.1): the advantage is 0, not
     the rounding error over eps, which whitening would scale up to unit size."""
-    from freshper.trainer.advantages import shape
+    from freshper.trainer.train.advantages import shape
 
     r = torch.tensor([-0.45] * 8 + [0.1] * 3)
     g = torch.tensor([0] * 8 + [1] * 3)

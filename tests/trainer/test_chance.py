@@ -2,8 +2,8 @@
 import pytest
 
 from freshper.trainer import config as C
-from freshper.trainer.chance import chance
 from freshper.trainer.cli import main
+from freshper.trainer.study.chance import chance
 
 
 def test_math_chance_is_one_in_twenty():

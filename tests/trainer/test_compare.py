@@ -5,7 +5,7 @@ import math
 import pytest
 
 from freshper.trainer.cli import main
-from freshper.trainer.compare_report import mean_ci, summarize
+from freshper.trainer.study.report import mean_ci, summarize
 
 TINY = ["--model.tiny_hidden", "64", "--model.tiny_layers", "1", "--model.tiny_vocab", "512", "--rollout.episodes",
         "4", "--rollout.group_size", "2", "--env.max_turns", "3", "--algo.replay_batch", "4", "--train.sft_steps", "2",
@@ -71,7 +71,7 @@ def test_summary_statistics():
 
 def test_runs_go_seed_by_seed(tmp_path):
     """Every arm of a seed runs before the next seed: a comparison cut short holds whole seeds."""
-    from freshper.trainer.compare import plan
+    from freshper.trainer.study.compare import plan
 
     jobs = plan(tmp_path, "math-cpu", ["on-policy", "per", "freshper"], 3, 100, {}, None)
     assert [(j["seed"], j["label"]) for j in jobs[:4]] == [(0, "on-policy"), (0, "per"), (0, "freshper"),
@@ -81,7 +81,7 @@ def test_runs_go_seed_by_seed(tmp_path):
 
 def test_paired_differences_match_arms_by_seed():
     """Seed s of every arm saw the same states: differences pair runs by seed, not by position."""
-    from freshper.trainer.compare_report import PAIRED, paired, paired_table
+    from freshper.trainer.study.report import PAIRED, paired, paired_table
 
     def arm(seeds, aucs):
         return [({"seed": s}, [], {k: a for k in PAIRED}) for s, a in zip(seeds, aucs)]
@@ -103,7 +103,7 @@ def test_paired_differences_match_arms_by_seed():
 def test_arms_resolve_against_the_run_config(tmp_path):
     """on-policy-matched makes 1 + K passes (K the replay arms' replay_updates, as given); the gate
     arms take --max-age; a user's flag wins over compare's own run defaults, written --k=v."""
-    from freshper.trainer.compare import plan
+    from freshper.trainer.study.compare import plan
 
     given = {"algo.replay_updates": 3, "train.threads": 2, "env.format_penalty": -1e-3}
     jobs = plan(tmp_path, "math-cpu", ["on-policy-matched", "per-gate", "freshper"], 1, 100, given, None, 6)
@@ -134,7 +134,7 @@ def test_arms_resolve_against_the_run_config(tmp_path):
 def test_compare_flags_it_sets(tmp_path, capsys, monkeypatch, flag, msg):
     """A flag compare sets for each run is refused up front in one line (or, for its defaults,
     the user's value wins): the real parser, not a copy of it."""
-    from freshper.trainer import compare
+    from freshper.trainer.study import compare
 
     argv = ["--preset", "math-cpu", "--arms", "on-policy,per-gate", "--seeds", "1", "--budget", "16",
             "--run-dir", str(tmp_path), *flag]
@@ -152,7 +152,7 @@ def test_compare_flags_it_sets(tmp_path, capsys, monkeypatch, flag, msg):
 
 
 def test_first_seed_moves_the_seeds(tmp_path):
-    from freshper.trainer.compare import plan
+    from freshper.trainer.study.compare import plan
 
     jobs = plan(tmp_path, "math-cpu", ["on-policy"], 2, 100, {}, None, first_seed=100)
     assert [j["seed"] for j in jobs] == [100, 101] and jobs[0]["run"].name == "on-policy-s100"
@@ -163,7 +163,7 @@ def test_the_papers_setting_is_one_compare_command(tmp_path):
     """On a GPU node `freshper compare --preset qwen2.5-0.5b-sokoban-simple` plans the paper's arms at
     the preset's own budget (iterations x episodes); planning needs no GPU."""
     from freshper.trainer import config
-    from freshper.trainer.compare import default_budget, parse, plan
+    from freshper.trainer.study.compare import default_budget, parse, plan
 
     _, args, arms, _, given = parse(["--preset", "qwen2.5-0.5b-sokoban-simple", "--arms", "on-policy,per,freshper",
                                      "--seeds", "2", "--run-dir", str(tmp_path)])

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from freshper.trainer.compare_readouts import eval_track, first_reach, matched, matched_table, value_at
+from freshper.trainer.study.readouts import eval_track, first_reach, matched, matched_table, value_at
 
 
 def run(its, updates_per_it, secs_per_it, evals, final, steps_per_it=32):
@@ -99,7 +99,7 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_compute_readout_on
 def test_a_studys_machines_md_gives_the_machine_of_runs_that_record_none(tmp_path):
     """The study's runs predate source.json's machine: its machines.md table names each run's type.
     Seed 0's arms ran on two types there, so seed 0 leaves the compute readout; seed 1 stays."""
-    from freshper.trainer.compare_readouts import run_machine, study_machines
+    from freshper.trainer.study.readouts import run_machine, study_machines
 
     (tmp_path / "machines.md").write_text(
         "# machines\n\n| date | type | machine (lscpu) | runs |\n|---|---|---|---|\n"
@@ -158,7 +158,7 @@ def test_phases_refuse_a_nesting_compute_would_count_twice():
 def test_the_machine_is_read_from_the_run_folder(tmp_path):
     import json
 
-    from freshper.trainer.compare_readouts import run_machine
+    from freshper.trainer.study.readouts import run_machine
 
     (tmp_path / "source.json").write_text(json.dumps({"commit": "x", "machine": {"cpu": "A", "simd": "avx2"}}))
     assert run_machine({"run": tmp_path}) == '{"cpu": "A", "simd": "avx2"}'
@@ -171,7 +171,7 @@ def test_the_t_quantile_is_exact_at_every_df():
     """Against scipy's t quantile: a table with 1.96 past df 30 was 4% narrow at df 31, and the
     table's gaps (df 11 read as 10) were wide; either fails this."""
     scipy = pytest.importorskip("scipy.stats")
-    from freshper.trainer.intervals import t975
+    from freshper.trainer.train.intervals import t975
 
     for df in list(range(1, 61)) + [100, 1000]:
         assert t975(df) == pytest.approx(scipy.t.ppf(0.975, df), rel=1e-9), df

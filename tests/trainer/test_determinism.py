@@ -7,7 +7,7 @@ second run (reward -0.141 vs -0.178 on the default run).
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.loop import Trainer
 
 from .test_loop import stable
 

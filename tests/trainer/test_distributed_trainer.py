@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from freshper.trainer import config
 from freshper.trainer.dist import Dist
-from freshper.trainer.metrics import merge_rows
+from freshper.trainer.train.metrics import merge_rows
 from tests.freshper.test_distributed import free_port
 
 pytestmark = pytest.mark.slow(330)
@@ -155,7 +155,7 @@ def _leave(ok: bool) -> None:
 
 
 def _rank(rank, port, out, kl, agg):
-    from freshper.trainer.policy import Policy
+    from freshper.trainer.model.policy import Policy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -182,7 +182,7 @@ def test_an_update_on_uneven_shards_equals_one_process_on_all_rows(tmp_path, kl,
     """Rank 0 holds 5 rows, rank 1 one (as a replay draw may split): rank 1 runs stand-in
     micro-batches so the collectives line up, and the summed gradient is the one-process one.
     Tolerance: the one-process float32 gradient against float64 sets the scale of honest error."""
-    from freshper.trainer.policy import Policy
+    from freshper.trainer.model.policy import Policy
 
     mp.spawn(_rank, args=(free_port(), str(tmp_path), kl, agg), nprocs=2, join=True)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
@@ -233,7 +233,7 @@ def test_a_rank_that_draws_no_replay_row_still_takes_part(tmp_path):
 
 
 def _broadcast_rank(rank, port, out):
-    from freshper.trainer.sharding import broadcast_weights
+    from freshper.trainer.model.sharding import broadcast_weights
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -280,7 +280,7 @@ def test_a_vision_language_model_trains_on_two_ranks_like_one_process(tmp_path):
 PART = """
 import sys
 from freshper.trainer import config, dist as D
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.loop import Trainer
 d = D.init("cpu")
 Trainer(config.load("tiny", None, {"rollout.lag": 1, "rollout.episodes": 4, "train.iterations": 3,
                                    "train.threads": 1}), sys.argv[1], dist=d).run(iterations=2)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.drift import DriftTau
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.drift import DriftTau
+from freshper.trainer.train.loop import Trainer
 
 
 def test_tau_from_a_known_drift_rate():

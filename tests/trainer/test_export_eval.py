@@ -8,9 +8,9 @@ import torch
 from freshper.trainer import config
 from freshper.trainer.cli import main
 from freshper.trainer.engines.base import Sampling
-from freshper.trainer.export import export
-from freshper.trainer.loop import Trainer
-from freshper.trainer.rollout import rollout
+from freshper.trainer.train.export import export
+from freshper.trainer.train.loop import Trainer
+from freshper.trainer.train.rollout import rollout
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from freshper.trainer import checkpoint as ckpt
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train import checkpoint as ckpt
+from freshper.trainer.train.loop import Trainer
 
 from .premise import assert_updates
 

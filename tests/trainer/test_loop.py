@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.checkpoint import CheckpointError
 from freshper.trainer.cli import main
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.checkpoint import CheckpointError
+from freshper.trainer.train.loop import Trainer
 
 from .premise import assert_updates
 

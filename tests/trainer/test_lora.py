@@ -9,12 +9,12 @@ from safetensors import safe_open
 
 from freshper.trainer import config
 from freshper.trainer.engines.base import Sampling
-from freshper.trainer.export import export
-from freshper.trainer.loop import Trainer
-from freshper.trainer.lora import adapter_state, has_lora, merged_state_dict
-from freshper.trainer.model import load_policy
-from freshper.trainer.policy import Policy
-from freshper.trainer.rollout import rollout
+from freshper.trainer.model.load import load_policy
+from freshper.trainer.model.lora import adapter_state, has_lora, merged_state_dict
+from freshper.trainer.model.policy import Policy
+from freshper.trainer.train.export import export
+from freshper.trainer.train.loop import Trainer
+from freshper.trainer.train.rollout import rollout
 
 FULL = Sampling(1.0, 1.0, 0)
 LORA = {"model.lora_rank": 4, "model.lora_alpha": 8.0, "train.sft_steps": 0}
@@ -60,7 +60,7 @@ def test_a_lora_update_trains_only_the_adapters_and_follows_the_advantage():
     torch.manual_seed(0)
     model, tok, _ = load_policy(cfg, torch.device("cpu"))
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model import env_kwargs
+    from freshper.trainer.model.load import env_kwargs
 
     ep = rollout(HFEngine(model, tok), tok, "frozenlake", env_kwargs(cfg), [3, 4, 5, 6], 2,
                  cfg.rollout.max_new_tokens, cfg.rollout.max_len, FULL)
@@ -184,7 +184,7 @@ def test_lora_targets_that_are_not_decoder_linears_are_refused(targets, what):
 
 def test_a_bf16_lora_checkpoint_exports_bf16(tmp_path):
     """The checkpoint holds float32 adapters only; the base's dtype comes from its metadata."""
-    from freshper.trainer.lora import lora_metadata
+    from freshper.trainer.model.lora import lora_metadata
 
     cfg = config.load("tiny", None, {**LORA, "model.dtype": "bfloat16"})
     model, _, _ = load_policy(cfg, torch.device("cpu"))
@@ -197,7 +197,7 @@ def test_a_bf16_lora_checkpoint_exports_bf16(tmp_path):
 
 
 def test_the_perception_cache_tells_a_lora_model_from_a_full_one():
-    from freshper.trainer.perception import cache_path
+    from freshper.trainer.model.perception import cache_path
 
     full = cache_path("/m/tiny", 10, 1e-3, 0)
     lora = cache_path("/m/tiny", 10, 1e-3, 0, {"lora_rank": "4", "lora_alpha": "8.0", "lora_targets": "q_proj"})

@@ -78,7 +78,7 @@ def test_only_the_boxed_scorer_charges_the_format_penalty():
 
 def test_a_scorer_error_is_counted_and_a_batch_of_errors_stops_the_run(monkeypatch, tmp_path):
     from freshper.trainer.envs import math as M
-    from freshper.trainer.loop import Trainer
+    from freshper.trainer.train.loop import Trainer
 
     def broken(response, answer):
         raise KeyError("a scorer bug")
@@ -147,7 +147,7 @@ def test_dataset_files_keys_and_errors(tmp_path):
 
 
 def test_math_cpu_iteration_reports_avg_and_pass_at_k(tmp_path):
-    from freshper.trainer.loop import Trainer
+    from freshper.trainer.train.loop import Trainer
 
     cfg = config.load("math-cpu", None, {"train.iterations": 1, "rollout.episodes": 8, "rollout.group_size": 4,
                                          "eval.every": 1, "eval.episodes": 4, "eval.samples": 3,

@@ -65,7 +65,7 @@ def test_an_environment_class_by_import_path_trains(tmp_path):
     assert all(abs(r["reward"] * 2 - round(r["reward"] * 2)) < 1e-9 and 0 <= r["reward"] <= 2 for r in rows)
     cfg = C.load("tiny", str(tmp_path / "own" / "config.yaml"), run_config=True)
     assert cfg.env.name == f"{HERE}:Doubling" and cfg.env.kwargs == "{limit: 7, prize: 2}"
-    from freshper.trainer.model import env_kwargs
+    from freshper.trainer.model.load import env_kwargs
 
     assert env_kwargs(cfg) == {"format_penalty": -0.2, "limit": 7, "prize": 2.0}
 
@@ -138,7 +138,7 @@ def test_a_non_finite_reward_is_refused_at_the_reply_that_gave_it():
 
 
 def test_a_reward_function_of_neither_form_fails_at_start_up(tmp_path, caplog, monkeypatch):
-    from freshper.trainer import loop
+    from freshper.trainer.train import loop
 
     monkeypatch.setattr(loop, "load_policy", lambda *a: pytest.fail("the model was loaded before the refusal"))
     argv = ["train", *TINY, "--env.name", "math", "--env.reward", f"{HERE}:three_args", "--train.run_dir",
@@ -180,7 +180,7 @@ def test_trls_batched_reward_is_called_once_per_batch_with_a_declared_success_th
     ({"env.held_out": 0.9999}, "holds out all 100 problems"),
 ])
 def test_a_held_out_fold_that_cannot_exist_fails_at_start_up(tmp_path, over, msg, caplog, monkeypatch):
-    from freshper.trainer import loop
+    from freshper.trainer.train import loop
 
     monkeypatch.setattr(loop, "load_policy", lambda *a: pytest.fail("the model was loaded before the refusal"))
     argv = ["train", *TINY, "--env.name", "math", "--env.digits", "1", "--train.run_dir", str(tmp_path)]
@@ -202,7 +202,7 @@ def test_held_out_with_data_is_refused(tmp_path):
 def test_the_tiny_models_cache_tells_users_classes_and_keywords_apart():
     """The tiny model's tokenizer is trained on the environment's own text: another class, or other
     keywords of the same class, get another cached model."""
-    from freshper.trainer.model import tiny_model_dir
+    from freshper.trainer.model.load import tiny_model_dir
 
     base = C.load("tiny", None, {"env.name": f"{HERE}:Doubling"})
     other = C.load("tiny", None, {"env.name": f"{HERE}:Doubling", "env.kwargs": "{limit: 7}"})

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from freshper.trainer.sharding import pack, unpack
+from freshper.trainer.model.sharding import pack, unpack
 
 
 def test_pack_unpack_round_trip():
@@ -21,7 +21,7 @@ def test_pack_unpack_round_trip():
 def test_packed_flash_attention_matches_padded():
     pytest.importorskip("flash_attn")
     from freshper.trainer import config
-    from freshper.trainer.model import load_policy
+    from freshper.trainer.model.load import load_policy
 
     cfg = config.load("tiny", None, {"model.attn": "flash_attention_2", "model.dtype": "bfloat16"})
     model, _, _ = load_policy(cfg, torch.device("cuda"))

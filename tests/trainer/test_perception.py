@@ -5,8 +5,9 @@ import random
 import pytest
 import torch
 
-from freshper.trainer import config, perception
-from freshper.trainer.loop import Trainer
+from freshper.trainer import config
+from freshper.trainer.model import perception
+from freshper.trainer.train.loop import Trainer
 
 
 def test_probes_are_computed_from_the_state():

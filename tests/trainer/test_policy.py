@@ -8,9 +8,9 @@ from freshper import ReplayBuffer
 from freshper.trainer import config
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model import env_kwargs, load_policy
-from freshper.trainer.policy import Policy
-from freshper.trainer.rollout import rollout
+from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.policy import Policy
+from freshper.trainer.train.rollout import rollout
 
 FULL = Sampling(1.0, 1.0, 0)
 

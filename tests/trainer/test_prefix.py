@@ -1,4 +1,4 @@
-"""The shared-prompt forward (trainer/prefix.py) computes what the padded forward computes.
+"""The shared-prompt forward (trainer/model/prefix.py) computes what the padded forward computes.
 
 Tolerances come from float32's own error: the padded float32 forward against the same model in
 float64 is the honest baseline, and the shared float32 forward may be off from float64 by at most
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from freshper.trainer.prefix import prefix_groups, reply_starts, shared_prefix_hidden
+from freshper.trainer.model.prefix import prefix_groups, reply_starts, shared_prefix_hidden
 
 PAD = 0
 
@@ -132,9 +132,9 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
     from freshper.trainer import config
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model import env_kwargs, load_policy
-    from freshper.trainer.policy import Policy, row_lengths
-    from freshper.trainer.rollout import rollout
+    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.policy import Policy, row_lengths
+    from freshper.trainer.train.rollout import rollout
 
     base = {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0}
     cfg = config.load("tiny", None, base)
@@ -170,11 +170,11 @@ def test_hf_engine_prefills_each_distinct_prompt_once():
     Checked once to fail: prompt positions numbered 0.. from the padded start (not by the
     attention mask) and every row on the first prompt's cache."""
     from freshper.trainer import config
-    from freshper.trainer.chat import Episode
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model import env_kwargs, load_policy
+    from freshper.trainer.model.chat import Episode
+    from freshper.trainer.model.load import env_kwargs, load_policy
 
     cfg = config.load("tiny", None, {"train.sft_steps": 0})
     torch.manual_seed(0)
@@ -231,7 +231,7 @@ def test_sliding_window_models_run_whole():
     shared-prompt forward nor the engine's turn cache."""
     from transformers import Gemma2Config, LlamaConfig, MistralConfig
 
-    from freshper.trainer.model import full_attention
+    from freshper.trainer.model.load import full_attention
 
     assert full_attention(Qwen2Config()) and full_attention(LlamaConfig())
     assert not full_attention(MistralConfig(sliding_window=4096))

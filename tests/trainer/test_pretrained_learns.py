@@ -1,4 +1,4 @@
-"""The trainer learns with a real pretrained LLM (SmolLM2-135M-Instruct, trainer/pretrained.py).
+"""The trainer learns with a real pretrained LLM (SmolLM2-135M-Instruct, trainer/model/pretrained.py).
 
 Its own file because it takes minutes: one test worker runs it while the other runs the rest
 (its `slow` marker orders it first only without xdist's reorder, see tests/conftest.py).
@@ -11,7 +11,7 @@ from tests.trainer.smollm2 import require_smollm2
 
 require_smollm2()
 
-from freshper.trainer.loop import Trainer  # noqa: E402
+from freshper.trainer.train.loop import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow(410)
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer, replay_signal, signal_rows
-from freshper.trainer.policy import lr_lambda
+from freshper.trainer.model.policy import lr_lambda
+from freshper.trainer.train.loop import Trainer
+from freshper.trainer.train.replay_signal import replay_signal, signal_rows
 
 
 @pytest.mark.parametrize("mode,rule,want", [("freshper", "auto", "max-one-step"), ("per", "auto", "max"),
@@ -65,7 +66,7 @@ def test_infinite_tau_runs_as_no_decay(tmp_path):
     tr = Trainer(cfg, tmp_path / "inf")
     tr.run()
     assert math.isinf(tr.buffer.tau)
-    from freshper.trainer.drift import DriftTau
+    from freshper.trainer.train.drift import DriftTau
 
     d = DriftTau(100.0, 20.0, math.inf)
     d.observe(torch.tensor([1.0, 2.0]), torch.tensor([-0.1, -0.2]))  # no drift measured: tau_max
@@ -128,3 +129,17 @@ def test_a_tiny_run_with_the_replay_prompts(tmp_path):
     cfg = config.load("tiny", None, {"env.prompts": "replay", "train.iterations": 1})
     rows = Trainer(cfg, tmp_path / "rp").run()
     assert rows[0]["gen_tokens"] > 0
+
+
+def test_rollout_signal_counts_groups_of_one_outcome_and_the_sampled_surprisal():
+    from freshper.trainer.train.replay_signal import rollout_signal
+
+    score = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.0, 0.0])
+    group = torch.tensor([7, 7, 9, 9, 4, 4])  # groups 7 (differs), 9 and 4 (one outcome each)
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0], [0, 0, 1], [1, 1, 1], [0, 1, 1], [0, 0, 0]])
+    logp = torch.tensor([[-9.0, -1.0, -2.0], [-9.0, -0.5, -9.0], [-9.0, -9.0, -0.25], [-1.0, -1.0, -1.0],
+                         [-9.0, -2.0, -2.0], [-9.0, -9.0, -9.0]])
+    out = rollout_signal(score, group, mask, logp)
+    assert out["groups_with_signal"] == pytest.approx(1 / 3)
+    # the masked tokens only: 1 + 2 + 0.5 + 0.25 + 3 x 1 + 2 + 2 over 9 tokens
+    assert out["reply_nll"] == pytest.approx(10.75 / 9)

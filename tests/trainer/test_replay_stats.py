@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from freshper.trainer.replay_stats import age_shares, bin_age, drift_fit, kl_by_age, replay_summary
+from freshper.trainer.study.replay_stats import age_shares, bin_age, drift_fit, kl_by_age, replay_summary
 
 
 def _binned(kl_of_age, counts=(50, 40, 30, 20, 10, 5)):
@@ -50,7 +50,7 @@ def test_summary_of_a_run():
 
 
 def test_signal_by_window():
-    from freshper.trainer.replay_stats import signal_by_window
+    from freshper.trainer.study.replay_stats import signal_by_window
 
     rows = [{"iteration": i, "replay_singleton_frac": 0.1 * (i // 2), "replay_adv_nonzero_frac": 1.0 - 0.1 * (i // 2)}
             for i in range(5)]

@@ -3,12 +3,13 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.chat import Episode, game_feedback, game_opening
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model import env_kwargs, load_policy
-from freshper.trainer.policy import Policy, row_lengths
-from freshper.trainer.rollout import rollout
+from freshper.trainer.envs.prompts import game_feedback, game_opening
+from freshper.trainer.model.chat import Episode
+from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.policy import Policy, row_lengths
+from freshper.trainer.train.rollout import rollout
 
 FULL = Sampling(1.0, 1.0, 0)  # the untruncated distribution: engine and trainer log-probs agree
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.chance import chance
 from freshper.trainer.envs.search import (
     MAX_QUERY_CHARS,
     Retriever,
@@ -18,6 +17,7 @@ from freshper.trainer.envs.search import (
     generated_kb,
     read_corpus,
 )
+from freshper.trainer.study.chance import chance
 
 
 @pytest.mark.parametrize("pred,golds,em,f", [
@@ -213,8 +213,8 @@ def test_search_r1_data_and_corpus(tmp_path):
 
 
 def test_chance_and_a_tiny_training_run(tmp_path):
-    from freshper.trainer.loop import Trainer
-    from freshper.trainer.model import stop_token_ids
+    from freshper.trainer.model.load import stop_token_ids
+    from freshper.trainer.train.loop import Trainer
 
     over = {"model.tiny_hidden": 64, "model.tiny_layers": 1, "model.tiny_vocab": 512, "rollout.episodes": 8,
             "rollout.group_size": 4, "algo.replay_batch": 8, "train.iterations": 2, "train.sft_steps": 2,
@@ -227,7 +227,7 @@ def test_chance_and_a_tiny_training_run(tmp_path):
     rows = tr.run()
     assert all("searches" in r and "answer_f1" in r for r in rows)
     # retrieved passages are context: they are in the episodes, never under the loss mask
-    from freshper.trainer.chat import Episode
+    from freshper.trainer.model.chat import Episode
 
     env = tr._new_env()
     env.reset(3)

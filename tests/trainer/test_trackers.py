@@ -5,8 +5,8 @@ import json
 import pytest
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer
-from freshper.trainer.trackers import parse, scalars
+from freshper.trainer.train.loop import Trainer
+from freshper.trainer.train.trackers import parse, scalars
 
 
 def test_scalars_flatten_rows():

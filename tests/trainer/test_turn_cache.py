@@ -8,8 +8,8 @@ from freshper.trainer import config
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.engines.turn_cache import TurnCache
-from freshper.trainer.model import env_kwargs, load_policy
-from freshper.trainer.rollout import rollout
+from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.train.rollout import rollout
 
 GREEDY = Sampling(0.0, 1.0, 0)
 

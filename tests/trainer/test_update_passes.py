@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.loop import Trainer
 
 from .premise import assert_updates
 
@@ -63,7 +63,7 @@ def test_a_run_records_the_commit_it_ran(tmp_path):
     import json
     import subprocess
 
-    from freshper.trainer.provenance import source_commit
+    from freshper.trainer.train.provenance import source_commit
 
     tr = Trainer(config.load("tiny", None, {"train.iterations": 1}), tmp_path / "run")
     info = json.loads((tmp_path / "run" / "source.json").read_text())

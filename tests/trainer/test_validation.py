@@ -182,7 +182,7 @@ def test_each_environment_declares_options_its_constructor_takes():
     import inspect
 
     from freshper.trainer.envs import ENVS
-    from freshper.trainer.model import env_kwargs
+    from freshper.trainer.model.load import env_kwargs
 
     table = C.field_table()
     for name, cls in ENVS.items():

@@ -9,8 +9,9 @@ import torch
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.envs.frozenlake import FrozenLake
-from freshper.trainer.model import CHAT_TEMPLATE, SPECIALS
-from freshper.trainer.vision import VISION_SPECIALS, build_tiny_vl, draw_board, expand, image_processor
+from freshper.trainer.envs.picture_games import draw_board
+from freshper.trainer.model.load import CHAT_TEMPLATE, SPECIALS
+from freshper.trainer.model.vision import VISION_SPECIALS, build_tiny_vl, expand, image_processor
 
 FULL = Sampling(1.0, 1.0, 0)  # unprocessed sampling: the engine's log-probs are the model's
 
@@ -87,7 +88,7 @@ def test_generation_and_the_training_forward_agree_on_image_prompts(any_vl):
     """Two prompts of different lengths (left-padded in generation, right-padded in training),
     each with its own board: the engine's log-probs of the tokens it sampled equal the training
     forward's (PolicyNet, as the update runs it) to float32 rounding; for Qwen2-VL and Qwen2.5-VL."""
-    from freshper.trainer.sharding import PolicyNet
+    from freshper.trainer.model.sharding import PolicyNet
 
     model, tok, proc = any_vl
     ins = [expand(tok, proc, ["<|im_start|>user\n" + "Look. " * k, "Choose your action.<|im_end|>\n"
@@ -120,8 +121,8 @@ def test_generation_and_the_training_forward_agree_on_image_prompts(any_vl):
 
 # ------------------------------------------------------------------ episodes that show images
 def _vl_episode(vl, n_images=1):
-    from freshper.trainer.chat import Episode
-    from freshper.trainer.vision import IMAGE
+    from freshper.trainer.envs.prompts import IMAGE
+    from freshper.trainer.model.chat import Episode
 
     _, tok, proc = vl
     pics = [draw_board(b, 28) for b in boards(n_images)]
@@ -131,7 +132,7 @@ def _vl_episode(vl, n_images=1):
 
 def test_an_episode_expands_each_image_and_keeps_it_as_png(vl):
     from freshper.images import from_png
-    from freshper.trainer.vision import process
+    from freshper.trainer.model.vision import process
 
     _, tok, proc = vl
     ep, pics = _vl_episode(vl, 2)
@@ -144,8 +145,8 @@ def test_an_episode_expands_each_image_and_keeps_it_as_png(vl):
 
 
 def test_an_episode_refuses_images_that_do_not_match_its_placeholders(vl):
-    from freshper.trainer.chat import Episode
-    from freshper.trainer.vision import IMAGE
+    from freshper.trainer.envs.prompts import IMAGE
+    from freshper.trainer.model.chat import Episode
 
     _, tok, proc = vl
     pic = draw_board(boards(1)[0], 28)
@@ -158,7 +159,7 @@ def test_an_episode_refuses_images_that_do_not_match_its_placeholders(vl):
 
 
 def test_a_turn_that_does_not_fit_keeps_no_image(vl):
-    from freshper.trainer.vision import IMAGE
+    from freshper.trainer.envs.prompts import IMAGE
 
     ep, _ = _vl_episode(vl, 1)
     tok = vl[1]
@@ -173,7 +174,7 @@ def test_a_turn_that_does_not_fit_keeps_no_image(vl):
 def test_replayed_images_give_the_same_model_inputs(vl):
     """What the buffer brings back (PNG bytes -> pixels) equals what the rollout processed."""
     from freshper.images import pack_pngs, unpack_pngs
-    from freshper.trainer.vision import VisionRows
+    from freshper.trainer.model.vision import VisionRows
 
     _, tok, proc = vl
     eps = [_vl_episode(vl, k)[0] for k in (1, 2)]
@@ -187,7 +188,7 @@ def test_replayed_images_give_the_same_model_inputs(vl):
 def test_collapse_pads_undoes_expand_ids():
     """vLLM is given one pad per image and expands it itself: collapse_pads must give back the
     unexpanded ids exactly, images side by side included (each has its own start/end tokens)."""
-    from freshper.trainer.vision import collapse_pads, expand_ids
+    from freshper.trainer.model.vision import collapse_pads, expand_ids
 
     pad, start, end = 9, 7, 8
     ids = [1, start, pad, end, 2, 3, start, pad, end, start, pad, end, 4]

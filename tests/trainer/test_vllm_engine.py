@@ -11,10 +11,10 @@ if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
 from freshper.trainer import config  # noqa: E402
-from freshper.trainer.chat import Episode  # noqa: E402
 from freshper.trainer.engines.base import Sampling  # noqa: E402
-from freshper.trainer.loop import Trainer  # noqa: E402
-from freshper.trainer.rollout import rollout  # noqa: E402
+from freshper.trainer.model.chat import Episode  # noqa: E402
+from freshper.trainer.train.loop import Trainer  # noqa: E402
+from freshper.trainer.train.rollout import rollout  # noqa: E402
 
 GREEDY = Sampling(0.0, 1.0, 0)
 FULL = Sampling(1.0, 1.0, 0)  # the untruncated distribution: engine and trainer log-probs agree
@@ -33,7 +33,7 @@ def trainer(tmp_path_factory):
 
 def prompts(tr, n=6):
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model import env_kwargs
+    from freshper.trainer.model.load import env_kwargs
 
     env = make_env(tr.cfg.env.name, **env_kwargs(tr.cfg))
     out = []
@@ -90,7 +90,7 @@ def test_weight_sync_changes_outputs_like_a_fresh_engine(trainer, tmp_path):
     from vllm.inputs import TokensPrompt
 
     from freshper.trainer.engines.vllm_engine import _llvmlite_hidden_from_vllm_scan
-    from freshper.trainer.model import stop_token_ids
+    from freshper.trainer.model.load import stop_token_ids
 
     with _llvmlite_hidden_from_vllm_scan():
         fresh = LLM(model=str(path), tokenizer=str(path), dtype="float32", max_model_len=trainer.cfg.rollout.max_len,

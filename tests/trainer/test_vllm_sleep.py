@@ -14,7 +14,7 @@ import vllm  # noqa: E402
 
 from freshper.trainer import config  # noqa: E402
 from freshper.trainer.engines import vllm_engine  # noqa: E402
-from freshper.trainer.model import load_policy  # noqa: E402
+from freshper.trainer.model.load import load_policy  # noqa: E402
 
 
 class RecordingLLM:

@@ -22,9 +22,9 @@ if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":
 
 from freshper.trainer import config  # noqa: E402
 from freshper.trainer.engines.base import Sampling  # noqa: E402
-from freshper.trainer.loop import Trainer  # noqa: E402
-from freshper.trainer.model import env_kwargs  # noqa: E402
-from freshper.trainer.rollout import rollout  # noqa: E402
+from freshper.trainer.model.load import env_kwargs  # noqa: E402
+from freshper.trainer.train.loop import Trainer  # noqa: E402
+from freshper.trainer.train.rollout import rollout  # noqa: E402
 
 pytestmark = pytest.mark.slow(140)
 
@@ -48,8 +48,8 @@ def vlm_cfg(env: str, path: str = "", **over):
 
 def tiny_qwen25_vl(tmp_path_factory, env: str) -> str:
     """A tiny Qwen2.5-VL with the env's tokenizer, built as the trainer builds its tiny Qwen2-VL."""
-    from freshper.trainer.model import CHAT_TEMPLATE, SPECIALS, corpus
-    from freshper.trainer.vision import build_tiny_vl
+    from freshper.trainer.model.load import CHAT_TEMPLATE, SPECIALS, corpus
+    from freshper.trainer.model.vision import build_tiny_vl
 
     cfg = vlm_cfg(env)
     return str(build_tiny_vl(tmp_path_factory.mktemp("q25") / "m", corpus(cfg), SPECIALS, CHAT_TEMPLATE,
@@ -126,7 +126,7 @@ def test_a_repainted_picture_changes_its_own_row_only(trainer):
     from PIL import Image
 
     from freshper.images import from_png, to_png
-    from freshper.trainer.vision import VisionInputs
+    from freshper.trainer.model.vision import VisionInputs
 
     cfg = trainer.cfg
     ep = play(trainer, seeds=(11, 12, 13), group=1)
@@ -160,8 +160,8 @@ def test_vllm_is_given_pictures_it_processes_to_the_trainers_pixels(tmp_path_fac
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    from freshper.trainer.model import model_path
-    from freshper.trainer.vision import image_processor, resized
+    from freshper.trainer.model.load import model_path
+    from freshper.trainer.model.vision import image_processor, resized
 
     path = model_path(vlm_cfg("geoqa"))
     ours, theirs = image_processor(path), AutoImageProcessor.from_pretrained(path)
@@ -184,7 +184,7 @@ def test_a_batch_over_the_step_budgets_generates(trainer):
     there. Prompts are one episode's first turn, each with its own first token and picture."""
 
     from freshper.images import from_png, to_png
-    from freshper.trainer.vision import VisionInputs
+    from freshper.trainer.model.vision import VisionInputs
 
     sched = trainer.engine.llm.llm_engine.vllm_config.scheduler_config
     ep = play(trainer, seeds=(21,), group=1)

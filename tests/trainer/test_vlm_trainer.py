@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.loop import Trainer
+from freshper.trainer.train.loop import Trainer
 
 pytestmark = pytest.mark.slow(100)
 
@@ -51,8 +51,8 @@ def test_replayed_rows_are_scored_on_their_own_images(run):
     the model saw. Swapping two rows' images changes the result (the check can fail)."""
     from freshper.images import pack_pngs
     from freshper.trainer.engines import Sampling
-    from freshper.trainer.model import env_kwargs
-    from freshper.trainer.rollout import rollout
+    from freshper.trainer.model.load import env_kwargs
+    from freshper.trainer.train.rollout import rollout
 
     tr, _ = run
     cfg = tr.cfg
@@ -76,8 +76,8 @@ def test_a_trained_vlm_exports_as_a_folder_that_loads_with_its_image_processor(r
     the folder loads as the VLM it is (and `freshper eval` can show it pictures)."""
     from transformers import AutoModelForImageTextToText
 
-    from freshper.trainer.export import export
-    from freshper.trainer.vision import image_processor
+    from freshper.trainer.model.vision import image_processor
+    from freshper.trainer.train.export import export
 
     tr, _ = run
     for folder in (tr.run_dir / "final", export(tr.run_dir, tmp_path / "exported")):
@@ -108,7 +108,8 @@ def test_geoqa_trains_on_figures(tmp_path):
 
 def test_sokoban_vlm_shows_the_level_as_a_picture(tmp_path):
     from freshper.trainer.envs import make_env
-    from freshper.trainer.vision import IMAGE, draw_board
+    from freshper.trainer.envs.picture_games import draw_board
+    from freshper.trainer.envs.prompts import IMAGE
 
     env = make_env("sokoban-vlm", cell=10)
     state = env.reset(4)
@@ -123,7 +124,7 @@ def test_sokoban_vlm_shows_the_level_as_a_picture(tmp_path):
 
 def test_vision_envs_need_a_vlm(tmp_path):
     from freshper.trainer.engines import Sampling
-    from freshper.trainer.rollout import rollout
+    from freshper.trainer.train.rollout import rollout
 
     with pytest.raises(ValueError, match="needs a vision-language model"):
         rollout(None, None, "frozenlake-vlm", {}, [0], 1, 8, 512, Sampling())

@@ -4,7 +4,7 @@ takes it, shifted by one), in float64 to 1e-10."""
 import pytest
 import torch
 
-from freshper.trainer.policy import supervised_step
+from freshper.trainer.model.warm_start import supervised_step
 
 
 def _model():
@@ -71,3 +71,49 @@ def test_labels_one_position_off_fail_the_comparison():
     shifted = [(x, y[1:] + [-100]) for x, y in rows]
     loss = supervised_step(model, _Capture(list(model.parameters())), shifted, 0)
     assert abs(loss - ref_loss) > 1e-3
+
+
+def _tiny(tmp_path, **over):
+    from freshper.trainer import config
+
+    return config.load("tiny", None, {"train.iterations": 1, **over})
+
+
+def test_a_cached_warm_start_gives_the_same_run(tmp_path, monkeypatch, caplog):
+    """The second run loads the first's warm-started weights (nothing recomputed) and then runs
+    exactly as the first: same losses, same rollout, same update."""
+    import logging
+
+    from freshper.trainer.train.loop import Trainer
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    volatile = ("time_", "weight_sync_s")
+    runs = []
+    for name in ("computed", "loaded"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="freshper"):
+            tr = Trainer(_tiny(tmp_path), tmp_path / name)
+            rows = tr.run()
+        runs.append((tr.sft_losses, [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in rows],
+                     "(cached:" in caplog.text))
+    (l0, rows0, cached0), (l1, rows1, cached1) = runs
+    assert not cached0 and cached1
+    assert len(list((tmp_path / "cache" / "warm-start").glob("*.safetensors"))) == 1
+    assert l0 == l1 and len(l0) == 60
+    assert rows0 == rows1
+
+
+def test_the_cache_key_holds_what_the_warm_start_depends_on(tmp_path, monkeypatch):
+    from freshper.trainer.model.load import load_policy
+    from freshper.trainer.model.warm_start import cache_path, settings
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    base = _tiny(tmp_path)
+    model, _, folder = load_policy(base, torch.device("cpu"))
+    path = cache_path(folder, settings(base, model, 60))
+    assert path == cache_path(folder, settings(_tiny(tmp_path), model, 60))
+    for over in ({"train.seed": 1}, {"train.sft_lr": 2e-3}, {"env.size": 5}, {"rollout.max_len": 512},
+                 {"algo.micro_batch": 2}, {"rollout.max_new_tokens": 12}):
+        assert cache_path(folder, settings(_tiny(tmp_path, **over), model, 60)) != path, over
+    assert cache_path(folder, settings(base, model, 59)) != path
+    assert cache_path(folder, settings(base, model.double(), 60)) != path

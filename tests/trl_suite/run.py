@@ -51,7 +51,7 @@ def stand_ins(work: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
     from freshper.trainer import config
-    from freshper.trainer.model import build_tiny
+    from freshper.trainer.model.load import build_tiny
 
     src = Path(build_tiny(config.load("math-cpu")))
     root = work / "trl-internal-testing"

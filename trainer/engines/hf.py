@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from ..model import full_attention, stop_token_ids
+from ..model.load import full_attention, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 from .turn_cache import TurnCache
 
@@ -39,7 +39,7 @@ class HFEngine(Engine):
         (R, W)), each distinct prompt computed once and indexed out to its rows, at the
         positions generate gives them (attention-mask cumsum); None where no two rows share a
         prompt. generate then runs only the last prompt token and the reply on top of it."""
-        from ..prefix import prefix_groups
+        from ..model.prefix import prefix_groups
 
         # keyed on ids and mask together: the pad id can be a real token, so ids alone could
         # match a shorter prompt to a longer one that starts with that token
@@ -88,7 +88,7 @@ class HFEngine(Engine):
         kw = dict(do_sample=False) if s.greedy else dict(do_sample=True, temperature=s.temperature, top_k=s.top_k,
                                                           top_p=s.top_p)
         if images:  # a reply holding an image placeholder would claim image features it has none of
-            from ..vision import suppressed_ids
+            from ..model.vision import suppressed_ids
 
             kw["suppress_tokens"] = suppressed_ids(self.tok)
         gen_cfg = GenerationConfig(**kw, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
@@ -140,7 +140,7 @@ class HFEngine(Engine):
 
         if model is self.model:
             return 0.0
-        from ..sharding import full_tensors
+        from ..model.sharding import full_tensors
 
         t0 = time.perf_counter()
         own = self.model.state_dict()

@@ -39,7 +39,7 @@ import time
 import torch
 
 from ..dist import RANK_SEED_STRIDE
-from ..model import is_vision_env, pick_dtype, stop_token_ids
+from ..model.load import is_vision_env, pick_dtype, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 
 log = logging.getLogger("freshper")
@@ -135,7 +135,7 @@ class VLLMEngine(Engine):
 
     def __init__(self, model, tokenizer, cfg, device: torch.device, model_path: str | None = None):
         vllm = _import_vllm()
-        from ..model import model_path as default_path
+        from ..model.load import model_path as default_path
 
         self.vllm = vllm
         self.tok = tokenizer
@@ -148,7 +148,7 @@ class VLLMEngine(Engine):
                       logprobs_mode="processed_logprobs")
         self.bias: dict[int, float] = {}
         if is_vision_env(cfg):
-            from ..vision import image_processor, suppressed_ids
+            from ..model.vision import image_processor, suppressed_ids
 
             # an image per turn of a game (its opening and each feedback), one for a GeoQA question
             kwargs["limit_mm_per_prompt"] = {"image": max_images(cfg), "video": 0}
@@ -200,7 +200,7 @@ class VLLMEngine(Engine):
         if images:
             from freshper.images import from_png
 
-            from ..vision import collapse_pads, resized
+            from ..model.vision import collapse_pads, resized
 
             if len(images) != len(prompts):
                 raise ValueError(f"images: one VisionInputs per prompt, got {len(images)} for {len(prompts)} prompts")
@@ -227,7 +227,7 @@ class VLLMEngine(Engine):
         t0 = time.perf_counter()
         if "weights" in self.asleep:
             self._wake(["weights"])
-        from ..sharding import full_tensors
+        from ..model.sharding import full_tensors
 
         tied = getattr(model.config, "tie_word_embeddings", False)
         # one tensor at a time: under FSDP each is gathered from the shards as vLLM asks for it

@@ -6,7 +6,7 @@ Environments are plain Python classes: `reset(seed) -> state text` and
 format penalty is paid. The penalty is kept apart from the environment's reward, as in the
 paper's code: the training return adds it, the priority and the reported score do not.
 Each environment words its own conversation (`opening`, `feedback`, `random_reply`); the games
-use the paper's templates from trainer/chat.py.
+use the paper's templates from trainer/envs/prompts.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
-from ..chat import game_feedback, game_opening
+from .prompts import game_feedback, game_opening
 
 # Seeds from here up address held-out initial states (validation); training draws seeds below it.
 EVAL_SEED_BASE = 2**31
@@ -62,7 +62,7 @@ class TextEnv:
     actions: tuple[str, ...] = ()
     instruction = ""  # rules, symbol legend and action list: the first user message
 
-    prompt_sets = ("roll",)  # the prompt wordings this environment has (chat.PROMPTS)
+    prompt_sets = ("roll",)  # the prompt wordings this environment has (prompts.PROMPTS)
     vision = False  # True: messages show images (a vision-language model's environment)
     # Texts that end a reply (the token completing one is kept): the answer's closing tag, which
     # a pretrained tokenizer spells in several tokens (the tiny model's is one stop token), so a

@@ -22,9 +22,9 @@ import io
 import random
 from pathlib import Path
 
-from ..vision import IMAGE
 from .base import EVAL_SEED_BASE, register
 from .math import BoxedQuestion, last_boxed
+from .prompts import IMAGE
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 

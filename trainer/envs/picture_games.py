@@ -1,7 +1,7 @@
 """The games shown as pictures, for a vision-language policy: FrozenLake-VLM and Sokoban-VLM.
 
 Same maps, levels and dynamics as the text games (trainer/envs/frozenlake.py, sokoban.py); the
-board is drawn as an RGB picture (trainer/vision.draw_board, `cell` pixels per square) instead of
+board is drawn as an RGB picture (draw_board below, `cell` pixels per square) instead of
 printed. Each user message holds the picture between the authors' vision-language templates (the
 VLTrajEnvManager of their code, examples/config/vl_traj_envs.yaml): the instruction,
 "Turn t:\\nState", the image, then the next-step template ("You have n actions left ..."), and
@@ -11,10 +11,9 @@ squares are flat colours named in the instruction. At 28 pixels a square is exac
 """
 from __future__ import annotations
 
-from ..chat import REWARD, SYSTEM, fmt_reward
-from ..vision import IMAGE, draw_board
 from .base import register
 from .frozenlake import FrozenLake
+from .prompts import IMAGE, REWARD, SYSTEM, fmt_reward
 from .sokoban import Sokoban
 
 # the authors' VL templates: before and after the image
@@ -60,6 +59,28 @@ class PictureGame:
 
     def feedback(self, result, max_words: int) -> str:
         return REWARD.format(reward=fmt_reward(result.reward)) + self._turn(max_words)
+
+
+COLOURS = {"_": (235, 245, 255), "O": (20, 40, 120), "G": (40, 170, 60), "P": (220, 40, 40), "X": (120, 20, 120),
+           "√": (240, 200, 0), "#": (90, 90, 90), "S": (220, 120, 40)}
+
+
+def draw_board(rows: list[str], cell: int = 16):
+    """A grid of symbols (FrozenLake: P player, _ ice, O hole, G goal, X in a hole, √ on the goal;
+    Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S player on target) as an
+    RGB picture, `cell` pixels per square, thin grid lines: what a VLM sees of the board."""
+    from PIL import Image, ImageDraw
+
+    h, w = len(rows), max(len(r) for r in rows)
+    img = Image.new("RGB", (w * cell, h * cell), (255, 255, 255))
+    d = ImageDraw.Draw(img)
+    for y, row in enumerate(rows):
+        for x, ch in enumerate(row):
+            if ch not in COLOURS:
+                raise ValueError(f"draw_board: unknown symbol {ch!r} at row {y}, column {x}")
+            d.rectangle([x * cell, y * cell, (x + 1) * cell - 1, (y + 1) * cell - 1], fill=COLOURS[ch],
+                        outline=(160, 160, 160))
+    return img
 
 
 @register

@@ -1,4 +1,4 @@
-"""The trainable policy: log-prob recompute, the clipped IS-weighted update, the warm start.
+"""The trainable policy: log-prob recompute and the clipped IS-weighted update.
 
 Rows are whole episodes: one chat per row, right-padded, the mask on the assistant's tokens.
 Inputs may live on any device; they are moved once and results stay on the training device. The loss runs through
@@ -7,7 +7,7 @@ so the (tokens, vocab) logits are never materialised (Triton policy-loss kernel 
 Micro-batches are weighted so that the accumulated gradient equals that of one big batch under
 the chosen aggregation.
 
-On several ranks (torchrun) the model is sharded with FSDP2 (trainer/sharding.py) and each rank
+On several ranks (torchrun) the model is sharded with FSDP2 (trainer/model/sharding.py) and each rank
 holds its own rows of the global batch: token and sequence counts are summed over ranks before
 the loss is normalised, gradients are summed (not averaged) over ranks, and every rank runs the
 same number of micro-batches (a rank with fewer rows runs empty ones), because each forward
@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import torch
 
 from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
-from .config import Config
-from .dist import SINGLE, Dist
+from ..config import Config
+from ..dist import SINGLE, Dist
+from .load import full_attention
 from .lora import adapters_off, has_lora
-from .model import full_attention
 from .prefix import reply_starts
 from .sharding import PolicyNet, shard
 
@@ -108,7 +107,7 @@ class Policy:
                 torch.full((1,), 2, dtype=torch.long, device=self.device), {})
 
     def _starts(self, mask: torch.Tensor, lengths: torch.Tensor, vision) -> torch.Tensor | None:
-        """(R,) where each row's reply begins, for the shared-prompt forward (trainer/prefix.py),
+        """(R,) where each row's reply begins, for the shared-prompt forward (trainer/model/prefix.py),
         or None where rows run whole: `model.share_prefix` off, a vision-language model (its
         M-RoPE positions come from the whole row), several ranks (FSDP2 would gather every layer
         twice per micro-batch; not tested there), gradient checkpointing (Hugging Face turns
@@ -236,80 +235,3 @@ class Policy:
                 **({"logp": old_logp} if own else {})}
 
 # ------------------------------------------------------------------------- warm start (SFT)
-def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id: int, vision=None,
-                    micro_batch: int = 0) -> float:
-    """One optimizer step of next-token cross-entropy on token rows, each (ids, labels) with
-    labels -100 where no loss is taken, right-padded into one batch; returns the loss (nats per
-    loss token). The LM head runs only at the loss tokens (a game episode's replies are a few
-    percent of its tokens: full logits of 16 SmolLM2 episodes would be gigabytes), in
-    micro-batches of `micro_batch` rows (0: all) whose gradients sum to the whole batch's.
-    `vision`: a VLM's trainer.vision.VisionRows of these rows."""
-    from .sharding import PolicyNet
-
-    device = next(model.parameters()).device
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full_like(ids, -100)
-    for r, (x, y) in enumerate(rows):
-        ids[r, :len(x)], labels[r, :len(y)] = torch.tensor(x), torch.tensor(y)
-    ids, labels = ids.to(device), labels.to(device)
-    lengths = torch.tensor([len(x) for x, _ in rows], device=device)
-    total = int((labels[:, 1:] != -100).sum())
-    net = PolicyNet(model)
-    mb = micro_batch or len(rows)
-    opt.zero_grad(set_to_none=True)
-    loss_sum = 0.0
-    for i in range(0, len(rows), mb):
-        sl = slice(i, i + mb)
-        target = labels[sl, 1:]
-
-        def ce(hidden, head, target=target):
-            keep = target != -100
-            dt = torch.promote_types(hidden.dtype, torch.float32)  # bf16 runs: the softmax in float32
-            logits = hidden[keep].to(dt) @ head.to(dt).T
-            return torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
-
-        extra = vision.kwargs(sl, ids[sl]) if vision is not None else {}
-        loss = net(ids[sl], lengths[sl], ce, **extra)
-        (loss / total).backward()
-        loss_sum += float(loss.detach())
-    opt.step()
-    return loss_sum / total
-
-
-def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
-               batch: int = 16, processor=None, micro_batch: int = 0) -> list[float]:
-    """Supervised steps on whole episodes (chats, as the rollout builds them, in the model's own
-    chat template) whose replies are uniformly random actions in the answer format. A
-    random-initialised model cannot emit the format at all, and SmolLM2 does not follow it on the
-    games; this teaches the format only, not the task (the actions are random). `processor`: a
-    VLM's image processor, for environments that show images. `micro_batch`: rows per forward."""
-    if steps == 0:
-        return []
-    from .chat import Episode
-
-    rng = random.Random(seed + 7919)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    env = make_env()
-    proc = processor if env.vision else None
-    losses = []
-    for _ in range(steps):
-        rows = []
-        for _ in range(batch):
-            ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words), env.images(), proc)
-            while not env.done:
-                reply = tokenizer(env.random_reply(rng), add_special_tokens=False)
-                r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
-                if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
-                                                  images=env.images() if proc else ()):
-                    break
-            rows.append(ep)
-        vision = None
-        if proc is not None:
-            from .vision import VisionRows
-
-            vision = VisionRows.of([ep.vision_inputs() for ep in rows])
-        tokens = [(ep.ids, [t if m else -100 for t, m in zip(ep.ids, ep.mask)]) for ep in rows]
-        losses.append(supervised_step(model, opt, tokens, tokenizer.pad_token_id, vision, micro_batch))
-    return losses

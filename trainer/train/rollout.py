@@ -1,6 +1,6 @@
 """Roll out a batch of multi-turn episodes as chats: engine.generate <-> env.step.
 
-Each episode is one token sequence (trainer/chat.py): `tokens[e]` right-padded to `max_len`,
+Each episode is one token sequence (trainer/model/chat.py): `tokens[e]` right-padded to `max_len`,
 `mask[e]` marks the assistant's tokens (the ones the loss trains), `engine_logp[e]` the engine's
 log-prob of each of them. An episode whose next turn (the user's message and a full reply of
 `max_new_tokens`) would not fit in `max_len` ends after its last reply and is counted in
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .chat import Episode
-from .engines.base import Sampling
-from .envs import make_env
+from ..engines.base import Sampling
+from ..envs import make_env
+from ..model.chat import Episode
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Episodes:
     def from_state(cls, s: dict) -> "Episodes":
         s = dict(s)
         if s["vision"] is not None:
-            from .vision import VisionRows
+            from ..model.vision import VisionRows
 
             s["vision"] = VisionRows(**s["vision"])
         return cls(**s)
@@ -132,7 +132,7 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     extra = {k: sum(m[k] for m in per_env) / len(per_env) for k in per_env[0]} if per_env else {}
     pngs = rows = None
     if vision:
-        from .vision import VisionRows
+        from ..model.vision import VisionRows
 
         pngs = [ep.pngs for ep in eps]
         rows = VisionRows.of([ep.vision_inputs() for ep in eps])

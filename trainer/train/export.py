@@ -36,7 +36,7 @@ def save_hf(model, tokenizer, out: Path, net=None, dist=None, source=None) -> Pa
     processor config of the model folder `source` when it has one. On several ranks (`dist`)
     `net` is the sharded PolicyNet around `model`: its full weights are gathered to rank 0's host
     memory (collective: every rank calls this) and rank 0 writes the folder."""
-    from .lora import has_lora, merged_state_dict
+    from ..model.lora import has_lora, merged_state_dict
 
     out = Path(out)
     if dist is None or not dist.on:
@@ -88,7 +88,7 @@ def export(run_dir, out, iteration: int | None = None, overwrite: bool = False) 
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        from .sharding import PolicyNet
+        from ..model.sharding import PolicyNet
 
         net = PolicyNet(auto.from_pretrained(src, dtype=torch.float32))
         sd = {"model": get_model_state_dict(net)}
@@ -104,7 +104,7 @@ def export(run_dir, out, iteration: int | None = None, overwrite: bool = False) 
                    "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     model = auto.from_pretrained(src, dtype=torch_dtype)
     if lora.get("lora_rank"):  # a LoRA run's checkpoint holds its adapters: rebuild them on the base, merge
-        from .lora import apply_lora
+        from ..model.lora import apply_lora
 
         model = apply_lora(model, int(lora["lora_rank"]), float(lora["lora_alpha"]), lora["lora_targets"])
         ckpt.load_weights(model, weights)

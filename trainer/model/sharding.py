@@ -59,9 +59,9 @@ class PolicyNet(nn.Module):
                 **vision):
         """tokens (R, n) int64, lengths (R,) valid tokens per row; returns fn(hidden (R, n - 1, H)
         at the positions that predict tokens 1..n-1, head weight (V, H)). `starts` (R,): where
-        each row's reply begins, to run each distinct prompt once (trainer/prefix.py; padded text
+        each row's reply begins, to run each distinct prompt once (trainer/model/prefix.py; padded text
         rows only; None: every row whole). `vision`: a VLM's pixel_values, image_grid_thw and
-        mm_token_type_ids for these rows (trainer/vision.py); rows with images run padded, not
+        mm_token_type_ids for these rows (trainer/model/vision.py); rows with images run padded, not
         packed."""
         decoder, head = _parts(self.model)
         if starts is not None and not vision and not self.packed:
@@ -92,7 +92,7 @@ def shard(net: PolicyNet, dtype: torch.dtype | None, mesh=None) -> PolicyNet:
     """FSDP2 over the default process group: each decoder layer one unit, the root the rest.
     `dtype`: compute dtype (bf16 on GPUs) with float32 master shards and reductions; None keeps
     the parameters' own dtype. Gradients are summed over ranks, not averaged: the loss is
-    already normalised by the global token count (trainer/policy.py)."""
+    already normalised by the global token count (trainer/model/policy.py)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype is not None \

@@ -23,10 +23,11 @@ import torch
 
 from freshper.images import from_png, to_png
 
+from ..envs.prompts import IMAGE
+
 VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # An image in a message's text, as Qwen2-VL's chat template renders one: a single <|image_pad|>
 # that the tokenised prompt then expands to one pad per merged patch (`expand_ids`).
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS = 56 * 56, 112 * 112  # the tiny model's processor limits
 
 
@@ -185,29 +186,6 @@ def stand_in_row(tokenizer, processor) -> tuple[torch.Tensor, "VisionRows"]:
     side = int((getattr(processor, "min_pixels", None) or processor.size.shortest_edge) ** 0.5) + 1
     v = expand(tokenizer, processor, ["", " ."], [Image.new("RGB", (side, side))])
     return torch.tensor([v.input_ids]), VisionRows.of([v])
-
-
-# ------------------------------------------------------------------------ pictures of boards
-COLOURS = {"_": (235, 245, 255), "O": (20, 40, 120), "G": (40, 170, 60), "P": (220, 40, 40), "X": (120, 20, 120),
-           "√": (240, 200, 0), "#": (90, 90, 90), "S": (220, 120, 40)}
-
-
-def draw_board(rows: list[str], cell: int = 16):
-    """A grid of symbols (FrozenLake: P player, _ ice, O hole, G goal, X in a hole, √ on the goal;
-    Sokoban: # wall, _ floor, O target, X box, √ box on target, P player, S player on target) as an
-    RGB picture, `cell` pixels per square, thin grid lines: what a VLM sees of the board."""
-    from PIL import Image, ImageDraw
-
-    h, w = len(rows), max(len(r) for r in rows)
-    img = Image.new("RGB", (w * cell, h * cell), (255, 255, 255))
-    d = ImageDraw.Draw(img)
-    for y, row in enumerate(rows):
-        for x, ch in enumerate(row):
-            if ch not in COLOURS:
-                raise ValueError(f"draw_board: unknown symbol {ch!r} at row {y}, column {x}")
-            d.rectangle([x * cell, y * cell, (x + 1) * cell - 1, (y + 1) * cell - 1], fill=COLOURS[ch],
-                        outline=(160, 160, 160))
-    return img
 
 
 # ------------------------------------------------------------------------------ tiny model

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .chat import SYSTEM
+from ..envs.prompts import SYSTEM
 
 log = logging.getLogger("freshper")
 PLAYER = {"frozenlake": "PX√", "sokoban": "PS"}  # symbols that mark the player's cell
@@ -77,7 +77,7 @@ def examples(env, seed_base: int, n: int, rng: random.Random) -> list[tuple[list
 def cache_path(model_dir: str, steps: int, lr: float, seed: int, lora: dict | None = None) -> Path:
     """Where the warm-started weights of these settings are cached; `lora`: the adapters' settings
     (lora.lora_metadata) of a LoRA model, whose warm start trains and saves other tensors."""
-    from .model import cache_dir
+    from .load import cache_dir
 
     key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1,
                       **({"lora": lora} if lora else {})}, sort_keys=True)
@@ -98,7 +98,7 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
     env, rng = make_env(), random.Random(seed + 104729)
     if env.name not in PLAYER:
         raise ValueError(f"train.perception_steps is for the games ({', '.join(PLAYER)}), not {env.name}")
-    from .policy import supervised_step
+    from .warm_start import supervised_step
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -157,14 +157,14 @@ def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0, by_kind: di
 
 
 def main(argv=None) -> int:
-    """python -m freshper.trainer.perception --preset frozenlake --steps 150: the warm start alone,
+    """python -m freshper.trainer.model.perception --preset frozenlake --steps 150: the warm start alone,
     with held-out probe accuracy before and after, by kind of question."""
     import argparse
 
-    from . import config as C
-    from .envs import make_env
-    from .flags import parse_overrides
-    from .model import env_kwargs, load_policy
+    from .. import config as C
+    from ..envs import make_env
+    from ..flags import parse_overrides
+    from .load import env_kwargs, load_policy
 
     p = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
     p.add_argument("--preset", default="frozenlake")

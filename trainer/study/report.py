@@ -4,12 +4,12 @@ Summary per arm, each as mean and 95% t-interval across seeds: final training su
 over the last 10% of the budget) and its AUC (the area under the success-vs-env-steps curve
 over the budget: the mean success over training); from the validation rollouts, the last eval
 success and eval score and their AUCs. A second table gives the replay diagnostics of
-trainer/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu || pi) per
+trainer/study/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu || pi) per
 token of replayed trajectories against their age, the age distribution of replayed
 trajectories, the IS-weight ESS over training, and for a tau sweep the AUCs against tau.
 A third table pairs each arm's seeds with the first arm's: seed s gives every arm the same
 initial states, so the per-seed difference removes what the states contribute. A fourth holds
-the readouts at equal optimizer updates and equal compute (trainer/compare_readouts.py).
+the readouts at equal optimizer updates and equal compute (trainer/study/readouts.py).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .compare_readouts import matched_table
-from .intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of this module's API)
-from .metrics import points, read
+from ..train.intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of this module's API)
+from ..train.metrics import points, read
+from .readouts import matched_table
 from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
 
 

@@ -16,7 +16,7 @@ for its statistics.
 
 On several ranks (torchrun) each rank rolls out its share of the iteration's groups, keeps them
 in its own buffer and draws its share of each replay batch from the one global FreshPER
-distribution (freshper.distributed); the model is sharded (trainer/policy.py). Counters, stop
+distribution (freshper.distributed); the model is sharded (trainer/model/policy.py). Counters, stop
 requests, drift estimates and metrics are agreed over the ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
@@ -32,114 +32,29 @@ from freshper.buffer import ess_fraction
 from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
+from ..config import Config, buffer_insert, sft_steps, to_yaml
+from ..dist import RANK_SEED_STRIDE, SINGLE, Dist, check_world, rank0_first
+from ..engines import Sampling, make_engine
+from ..envs import make_env
+from ..envs.base import EVAL_SEED_BASE
+from ..model.load import env_kwargs, load_image_processor, load_policy, pick_device
+from ..model.policy import Policy
+from ..model.warm_start import cache_path, cached_warm_start, warm_start
+from ..model.warm_start import settings as ws_settings
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
-from .config import Config, buffer_insert, sft_steps, to_yaml
-from .dist import RANK_SEED_STRIDE, SINGLE, Dist
+from .console import progress_line, stop_on_signals, summary
 from .drift import DriftTau
-from .engines import Sampling, make_engine
-from .envs import make_env
-from .envs.base import EVAL_SEED_BASE
 from .intervals import mean_ci, rate_ci
 from .metrics import MetricsLog, merge_rows, plot
-from .model import env_kwargs, load_image_processor, load_policy, pick_device
-from .policy import Policy, warm_start
+from .replay_signal import REPLAY_ROW_COLUMNS, replay_signal, rollout_signal, signal_rows
 from .rollout import Episodes, rollout
+from .seeding import group_seeds, make_deterministic, seed_everything
 from .trackers import Trackers
 from .trackers import check_installed as check_trackers
 from .trackers import parse as parse_trackers
 
 log = logging.getLogger("freshper")
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every global stream the run draws from: torch (CPU and CUDA), numpy, random."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def make_deterministic() -> None:
-    """Ask every GPU library for its deterministic kernels (set before they first run): torch's
-    deterministic algorithms, a fixed cuBLAS workspace, flash-attn's deterministic backward and
-    vLLM's batch-invariant kernels. CPU runs are deterministic without it."""
-    import os
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    os.environ.setdefault("FLASH_ATTENTION_DETERMINISTIC", "1")
-    os.environ.setdefault("VLLM_BATCH_INVARIANT", "1")
-    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where no such kernel exists
-    torch.backends.cudnn.benchmark = False
-
-
-def signal_rows(group: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(E, 3) float64 per replayed episode: 1 if no other member of its group is in the batch (a
-    group-relative advantage is 0 for it), its loss tokens, and those tokens again if its
-    advantage before whitening is non-zero (|A| > 1e-6), else 0."""
-    _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
-    tokens = mask[:, 1:].sum(1).double()
-    return torch.stack([(counts[inv] == 1).double(), tokens, tokens * (adv.abs() > 1e-6).double()], 1)
-
-
-# What each replayed row contributes to a replay update's statistics, in this order; its
-# signal_rows follow.
-REPLAY_ROW_COLUMNS = ("weight", "age", "kl", "kl_k1", "gen_age")
-
-
-def replay_signal(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a replay batch can teach, from its signal_rows (E, 3): the share of its episodes whose
-    group has no other member in the batch, and the share of its loss tokens whose episode
-    advantage, before whitening, is non-zero (0-dim float64 tensors)."""
-    return rows[:, 0].mean(), rows[:, 2].sum() / rows[:, 1].sum().clamp_min(1.0)
-
-
-def group_seeds(seed: int, iteration: int, groups: int) -> list[int]:
-    """Initial states of iteration `iteration`: a pure function of (seed, iteration), so a resumed
-    run and each arm of a comparison see the same environments."""
-    return [(seed * 1_000_003 + iteration * 1_009 + g * 7_919) % (2**31 - 1) for g in range(groups)]
-
-
-def check_world(cfg: Config, world: int) -> None:
-    """What several ranks need of the configuration, checked before anything is built."""
-    if world == 1:
-        return
-    a, r, e = cfg.algo, cfg.rollout, cfg.eval
-    groups = r.episodes // r.group_size
-    bad = []
-    if groups % world:
-        bad.append(f"rollout.episodes / rollout.group_size = {groups} groups must split evenly over {world} ranks")
-    if e.every and e.episodes % world:
-        bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
-    if a.mode != "on-policy" and a.capacity % world:
-        bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
-    if a.mode != "on-policy" and a.replay_unit != "trajectory":
-        bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
-                   "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")
-    if cfg.model.lora_rank:  # FSDP2 with frozen base weights and an adapter-only checkpoint: not built yet
-        bad.append(f"model.lora_rank={cfg.model.lora_rank}: LoRA runs on one process; use model.lora_rank=0 "
-                   "on several ranks")
-    if bad:
-        raise ValueError(f"WORLD_SIZE={world}: " + "; ".join(bad))
-
-
-class _rank0_first:
-    """Rank 0 runs the block first (it may fill a cache), then the others (they read it)."""
-
-    def __init__(self, dist: Dist):
-        self.dist = dist
-
-    def __enter__(self):
-        if not self.dist.main:
-            self.dist.barrier()
-
-    def __exit__(self, *exc):
-        if self.dist.main and exc[0] is None:
-            self.dist.barrier()
-        return False
 
 
 class Trainer:
@@ -162,7 +77,7 @@ class Trainer:
         self.device = pick_device(cfg)
         if self.device.type == "cuda" and dist.on:
             self.device = torch.device("cuda", dist.local_rank)
-        with _rank0_first(dist):  # the tiny model's cache is written once
+        with rank0_first(dist):  # the tiny model's cache is written once
             self.model, self.tok, self.model_path = load_policy(cfg, self.device)
         self.processor = load_image_processor(cfg, self.model_path)  # a VLM's (None for text environments)
         # Seeded after the model exists: building it on a cold cache, or loading it from a warm
@@ -200,14 +115,18 @@ class Trainer:
         train.sft_steps; both off for a pretrained model by default)."""
         cfg, r = self.cfg, self.cfg.rollout
         if cfg.train.perception_steps:
-            with _rank0_first(self.dist):
+            with rank0_first(self.dist):
                 self._perception_warm_start()
-        self.sft_losses = warm_start(self.model, self.tok, self._new_env, sft_steps(cfg), cfg.train.sft_lr,
-                                     cfg.train.seed, r.max_new_tokens, r.max_len, processor=self.processor,
-                                     micro_batch=cfg.algo.micro_batch)
+        steps, t = sft_steps(cfg), cfg.train
+        path = cache_path(self.model_path, ws_settings(cfg, self.model, steps)) if steps and t.sft_cache else None
+        self.sft_losses, cached = cached_warm_start(path, self.model, lambda: warm_start(
+            self.model, self.tok, self._new_env, steps, t.sft_lr, t.seed, r.max_new_tokens, r.max_len,
+            processor=self.processor, micro_batch=cfg.algo.micro_batch))
         if self.sft_losses:
             log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
-                     "loss %.3f -> %.3f", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1])
+                     "loss %.3f -> %.3f%s", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1],
+                     f" (cached: {path})" if cached else "")
+        seed_everything(t.seed)  # the run's streams are the same whether the warm start ran or was loaded
 
     def _make_policy(self):
         """self.policy (sharded on several ranks) and the model the engine generates with: the
@@ -217,7 +136,7 @@ class Trainer:
         if dist.on:
             import copy
 
-            from .sharding import broadcast_weights
+            from ..model.sharding import broadcast_weights
 
             broadcast_weights(self.model)
             if cfg.rollout.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
@@ -230,7 +149,7 @@ class Trainer:
         horizon = cfg.train.iterations * (1 if a.lr_horizon == "onpolicy" else a.onpolicy_passes + self.K)
         excluded = stand_in = None
         if self.processor is not None:  # the engine never samples vision tokens (a reply cannot hold an image)
-            from .vision import stand_in_row, suppressed_ids
+            from ..model.vision import stand_in_row, suppressed_ids
 
             excluded = suppressed_ids(self.tok)
             stand_in = stand_in_row(self.tok, self.processor) if dist.on else None
@@ -305,10 +224,10 @@ class Trainer:
                              + "; ".join(diff))
 
     def _perception_warm_start(self) -> None:
-        """Reading the board before RL (trainer/perception.py): cached, measured on held-out states."""
+        """Reading the board before RL (trainer/model/perception.py): cached, measured on held-out states."""
         import json
 
-        from . import perception
+        from ..model import perception
 
         t = self.cfg.train
         log.info("perception warm start: %d supervised steps on questions about game states (reading the board, "
@@ -453,7 +372,8 @@ class Trainer:
             "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
             "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
-            "gen_tokens": ep.gen_tokens, "rollout_lag": batch_lag, "loss": on["loss"], "clip_frac": on["clip_frac"],
+            "gen_tokens": ep.gen_tokens, **rollout_signal(score, group, mask, elogp), "rollout_lag": batch_lag,
+            "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             **logp_check, "weight_sync_s": sync_s,
             "updates": self.policy.sched.last_epoch, **extra_passes,
@@ -529,7 +449,7 @@ class Trainer:
             return None
         from freshper.images import unpack_pngs
 
-        from .vision import VisionRows
+        from ..model.vision import VisionRows
 
         return VisionRows.from_pngs(self.processor, unpack_pngs(b.images),
                                     self.tok.convert_tokens_to_ids("<|image_pad|>"))
@@ -584,29 +504,18 @@ class Trainer:
 
         cfg, main = self.cfg, self.dist.main
         end = cfg.train.iterations if iterations is None else min(cfg.train.iterations, self.iteration + iterations)
-        bar = None
-        if cfg.train.progress and main:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.train.iterations, initial=self.iteration, desc=self.run_dir.name, dynamic_ncols=True)
+        bar = self._progress_bar()
         rows = []
         every = max(1, (end - self.iteration) // 20)  # about twenty progress lines per run in train.log
         t0 = time.perf_counter()
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
-        if bar is not None:  # log lines above the bar, not into it
-            from tqdm.contrib.logging import logging_redirect_tqdm
-
-            redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])
-        else:
-            redirect = nullcontext()
-        with _stop_on_signals(self), closing(self.trackers), redirect:
+        with stop_on_signals(self), closing(self.trackers), _logging_above(bar):
             while self.iteration < end and not self.interrupted:
                 if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
                     break
-                ctx = on_iteration(self.iteration) if on_iteration else nullcontext()
-                with ctx:
+                with on_iteration(self.iteration) if on_iteration else nullcontext():
                     row = self.iteration_step()
                 if main:
                     self.metrics.write(row)
@@ -623,6 +532,22 @@ class Trainer:
                     self.save_checkpoint()
         if bar is not None:
             bar.close()
+        self._finish(rows, time.perf_counter() - t0)
+        return rows
+
+    def _progress_bar(self):
+        """A tqdm bar over the run's iterations on rank 0 with train.progress on, else None."""
+        if not (self.cfg.train.progress and self.dist.main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.train.iterations, initial=self.iteration, desc=self.run_dir.name,
+                    dynamic_ncols=True)
+
+    def _finish(self, rows: list[dict], seconds: float) -> None:
+        """After the loop: the last checkpoint, the plot, the exported policy of a finished run, and
+        the closing lines (or how to resume an interrupted one)."""
+        cfg, main = self.cfg, self.dist.main
         if rows and self.iteration % cfg.train.checkpoint_every:  # the end, if not just saved
             self.save_checkpoint()
         png = None
@@ -642,73 +567,14 @@ class Trainer:
             log.info("interrupted at iteration %d; resume with: freshper train --resume %s", self.iteration,
                      self.run_dir)
         elif main and rows:
-            log.info("%s", summary(rows, self.iteration, self.env_steps, time.perf_counter() - t0, self.run_dir, png,
+            log.info("%s", summary(rows, self.iteration, self.env_steps, seconds, self.run_dir, png,
                                    cfg.eval.episodes * cfg.eval.samples))
-        return rows
 
 
-def progress_line(row: dict) -> str:
-    """One line of a run's progress for train.log."""
-    line = (f"iter {row['iteration']}  env_steps {row['env_steps']}  reward {row['reward']:.3f}  "
-            f"success {row['success']:.3f}  loss {row['loss']:.4f}")
-    if "replay_singleton_frac" in row:
-        line += f"  replay age {row['replay_age_mean']:.1f}  singletons {row['replay_singleton_frac']:.2f}"
-    for key in ("eval_success", "final_eval_success"):
-        if key in row:
-            line += f"  {key} {row[key]:.3f}"
-    return line
+def _logging_above(bar):
+    """Log lines printed above a tqdm bar, not into it; nothing without a bar."""
+    if bar is None:
+        return nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-
-def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, run_dir: Path, png, n_eval: int) -> str:
-    """The closing lines of a run: what was trained, the first, final and best validation (95%
-    intervals over the validation states, as evaluate() measured them), where things are."""
-    wall = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    lines = [f"done: {iterations} iterations, {env_steps} env steps, {wall} wall"]
-    evals = [(r["iteration"], r["eval_success"], r["eval_success_ci95"]) for r in rows if "eval_success" in r]
-    if evals and evals[0][0] == 0:
-        lines.append(f"eval success before training {evals[0][1]:.3f} ± {evals[0][2]:.3f} (95%, {n_eval} replies)")
-    final = rows[-1].get("final_eval_success")
-    if final is not None:
-        lines.append(f"final eval success {final:.3f} ± {rows[-1]['final_eval_success_ci95']:.3f} (95%, {n_eval} "
-                     f"replies)")
-    if evals:
-        it, best, half = max(evals, key=lambda e: e[1])
-        lines.append(f"best eval success {best:.3f} ± {half:.3f} (before iteration {it})")
-    lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
-    return "\n  ".join(lines)
-
-
-class _stop_on_signals:
-    """While training: the first SIGINT or SIGTERM asks the loop to stop after the iteration in
-    progress (the state stays consistent, so the checkpoint resumes exactly); a second SIGINT
-    raises KeyboardInterrupt. Only in the main thread, where Python delivers signals."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        self.saved = {}
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.saved[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        import signal
-
-        if self.trainer.interrupted and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.trainer.interrupted = True
-        log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C again to abort without one)",
-                    signal.Signals(signum).name, self.trainer.iteration)
-
-    def __exit__(self, *exc):
-        import signal
-
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
-        return False
+    return logging_redirect_tqdm(loggers=[logging.getLogger()])

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .chat import SYSTEM
-from .config import Config
-from .envs import env_class, make_env
+from ..config import Config
+from ..envs import env_class, make_env
+from ..envs.prompts import SYSTEM
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
 
@@ -33,7 +33,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 def env_kwargs(cfg: Config) -> dict:
     """The environment's constructor keywords: from the env options it declares, and for an
     environment defined outside the package its own keywords (env.kwargs)."""
-    from .config import user_env_kwargs
+    from ..config import user_env_kwargs
 
     cls = env_class(cfg.env.name)
     return {**cls.config_kwargs(cfg.env), **user_env_kwargs(cfg.env)}
@@ -41,7 +41,7 @@ def env_kwargs(cfg: Config) -> dict:
 
 def is_vision_env(cfg: Config) -> bool:
     """Whether cfg's environment shows images (it needs a vision-language model)."""
-    from .envs import env_class
+    from ..envs import env_class
 
     return env_class(cfg.env.name).vision
 
@@ -153,7 +153,7 @@ def pick_attention(cfg: Config, device: torch.device) -> str:
 
 def model_path(cfg: Config) -> str:
     """The folder the policy loads from: model.path, a packaged model's converted folder
-    (trainer/pretrained.py), or the tiny model built for the env."""
+    (trainer/model/pretrained.py), or the tiny model built for the env."""
     if not cfg.model.path:
         return str(build_tiny(cfg))
     if is_packaged(cfg.model.path):

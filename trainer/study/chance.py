@@ -21,10 +21,10 @@ SPLITS = ("train", "eval")
 def chance(cfg, episodes: int, split: str = "train") -> dict:
     """Mean success and environment reward per episode (format penalty excluded; random replies
     are well formed) of the uniform random-reply policy over `episodes` initial states."""
-    from .envs import make_env
-    from .envs.base import EVAL_SEED_BASE
-    from .loop import group_seeds
-    from .model import env_kwargs
+    from ..envs import make_env
+    from ..envs.base import EVAL_SEED_BASE
+    from ..model.load import env_kwargs
+    from ..train.seeding import group_seeds
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -53,8 +53,8 @@ def chance(cfg, episodes: int, split: str = "train") -> dict:
 
 
 def main(argv) -> int:
-    from . import config as C
-    from .flags import parse_overrides
+    from .. import config as C
+    from ..flags import parse_overrides
 
     p = argparse.ArgumentParser(prog="freshper chance", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="frozenlake", help=f"one of {list(C.PRESETS)}")

@@ -26,8 +26,8 @@ from safetensors.torch import load_model, save_model
 from freshper import ReplayBuffer
 from freshper.checkpoint import atomic_write
 
-from .dist import SINGLE, Dist
-from .lora import adapter_state, has_lora, lora_metadata
+from ..dist import SINGLE, Dist
+from ..model.lora import adapter_state, has_lora, lora_metadata
 
 FILES = ("model.safetensors", "optim.pt", "rng.pt", "state.json")
 

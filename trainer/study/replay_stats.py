@@ -7,7 +7,7 @@ at a clip bound. This module pools them over a run. The drift fit answers the pa
 (KL grows linearly with age) in two numbers: the rate r (KL per iteration of age, a weighted
 least-squares line through the origin) and the exponent p of a power law KL ∝ age^p fitted on
 log-log axes (p ≈ 1: linear). The drift time 1/(2r) is the age at which a token's importance
-ratio has lost a factor e of effective sample size (trainer/drift.py derives it); it is the
+ratio has lost a factor e of effective sample size (trainer/train/drift.py derives it); it is the
 scale a tau sweep should span.
 """
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""Checks across fields, run before any work starts: the environment's own options (and a user
+environment's env.kwargs), and the combinations no single field's rule can see."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import yaml
+
+from .fields import TYPE_WORDS, YamlLoader, check_field, flatten
+from .options import ENV_NAMES, Config, EnvConfig
+
+
+def env_options(name: str) -> tuple[str, ...]:
+    """The env.* fields environment `name` declares (its class's OPTIONS in trainer/envs/; an
+    environment defined outside the package takes env.kwargs too)."""
+    from ..envs import env_class
+
+    own = ("kwargs",) if name not in ENV_NAMES else ()
+    return ("name", *env_class(name).OPTIONS, *own)
+
+
+def user_env_kwargs(env: "EnvConfig") -> dict:
+    """env.kwargs of an environment defined outside the package, parsed and checked against its
+    constructor: every key a parameter, every value of its default's type. ValueError naming the
+    key and what the class takes."""
+    if not env.kwargs:
+        return {}
+    import inspect
+
+    from ..envs import env_class
+
+    cls = env_class(env.name)
+    try:
+        given = yaml.load(env.kwargs, Loader=YamlLoader)
+    except yaml.YAMLError:
+        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"env.kwargs must be a YAML mapping such as {{target: 24}}, got {env.kwargs!r}")
+    params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    taken = set(cls.OPTIONS.values())  # keywords the config's own env.* fields already feed
+    open_ = [k for k, p in params.items() if k not in taken and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    out = {}
+    for k, v in given.items():
+        if k not in open_:
+            raise ValueError(f"env.kwargs: {k!r} is not a keyword of {cls.__name__}; it takes {', '.join(open_)}")
+        default = params[k].default
+        if default is not inspect.Parameter.empty and default is not None:
+            typ = type(default)
+            if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+                raise ValueError(f"env.kwargs: {k} must be {TYPE_WORDS.get(typ, typ.__name__)} (its default is "
+                                 f"{default!r}), got {v!r}")
+        out[k] = v
+    return out
+
+
+def foreign_env_options(env: EnvConfig) -> dict[str, object]:
+    """{field: value} of env.* fields set away from their defaults that env.name does not take."""
+    own, default = env_options(env.name), EnvConfig()
+    return {f.name: getattr(env, f.name) for f in fields(env)
+            if f.name not in own and getattr(env, f.name) != getattr(default, f.name)}
+
+
+def check_env_options(env: EnvConfig) -> None:
+    """ValueError naming an option given for another environment (it would be silently unused)."""
+    foreign = foreign_env_options(env)
+    if foreign:
+        k, v = next(iter(foreign.items()))
+        own = ", ".join(f"env.{o}" for o in env_options(env.name)[1:])
+        raise ValueError(f"env.{k}={v!r} is not an option of env.name={env.name!r}; its options: {own}")
+
+
+def validate(cfg: Config) -> None:
+    """Every field's rule, then cross-field checks; raised before any work starts."""
+    for key, value in flatten(cfg.to_dict()).items():
+        check_field(key, value)
+    r, a = cfg.rollout, cfg.algo
+    if r.episodes % r.group_size:
+        raise ValueError(f"rollout.episodes ({r.episodes}) must be a multiple of rollout.group_size ({r.group_size})")
+    if r.max_new_tokens >= r.max_len:
+        raise ValueError(f"rollout.max_new_tokens ({r.max_new_tokens}) must be < rollout.max_len ({r.max_len})")
+    if a.tau_max < a.tau_min:
+        raise ValueError(f"algo.tau_max ({a.tau_max}) must be >= algo.tau_min ({a.tau_min})")
+    if a.replay_unit == "group" and a.replay_batch % r.group_size:
+        raise ValueError(f"algo.replay_unit=group draws whole groups: algo.replay_batch ({a.replay_batch}) must be "
+                         f"a multiple of rollout.group_size ({r.group_size})")
+    if a.mode != "on-policy" and a.replay_batch > a.capacity:
+        raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
+    if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
+        raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
+    if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
+        raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
+                         f"env.name={cfg.env.name!r}")
+    check_env_options(cfg.env)
+    user_env_kwargs(cfg.env)  # your own environment's keywords, checked before anything runs
+    if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
+        raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
+                         f"{cfg.env.size} board; raise env.image_pixels")
+    if cfg.env.name == "search":
+        from ..envs.search import check_search_sources
+
+        check_search_sources(cfg.env.data, cfg.env.corpus, cfg.env.retriever)
+    if cfg.env.name in ("sokoban", "sokoban-vlm") and cfg.env.boxes > (cfg.env.size - 2) ** 2 // 4:
+        raise ValueError(f"env.boxes ({cfg.env.boxes}) is too many for a {cfg.env.size}x{cfg.env.size} sokoban "
+                         f"room: at most {(cfg.env.size - 2) ** 2 // 4}")
+    if cfg.train.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("train.device is cuda but torch sees no CUDA device; use auto or cpu")

@@ -1,0 +1,75 @@
+"""What a run prints and how it stops: the progress lines of train.log, the closing summary, and
+the SIGINT/SIGTERM handler that finishes the iteration in progress before a checkpoint."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger("freshper")
+
+
+def progress_line(row: dict) -> str:
+    """One line of a run's progress for train.log."""
+    line = (f"iter {row['iteration']}  env_steps {row['env_steps']}  reward {row['reward']:.3f}  "
+            f"success {row['success']:.3f}  loss {row['loss']:.4f}")
+    if "replay_singleton_frac" in row:
+        line += f"  replay age {row['replay_age_mean']:.1f}  singletons {row['replay_singleton_frac']:.2f}"
+    for key in ("eval_success", "final_eval_success"):
+        if key in row:
+            line += f"  {key} {row[key]:.3f}"
+    return line
+
+
+def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, run_dir: Path, png, n_eval: int) -> str:
+    """The closing lines of a run: what was trained, the first, final and best validation (95%
+    intervals over the validation states, as evaluate() measured them), where things are."""
+    wall = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    lines = [f"done: {iterations} iterations, {env_steps} env steps, {wall} wall"]
+    evals = [(r["iteration"], r["eval_success"], r["eval_success_ci95"]) for r in rows if "eval_success" in r]
+    if evals and evals[0][0] == 0:
+        lines.append(f"eval success before training {evals[0][1]:.3f} ± {evals[0][2]:.3f} (95%, {n_eval} replies)")
+    final = rows[-1].get("final_eval_success")
+    if final is not None:
+        lines.append(f"final eval success {final:.3f} ± {rows[-1]['final_eval_success_ci95']:.3f} (95%, {n_eval} "
+                     f"replies)")
+    if evals:
+        it, best, half = max(evals, key=lambda e: e[1])
+        lines.append(f"best eval success {best:.3f} ± {half:.3f} (before iteration {it})")
+    lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
+    return "\n  ".join(lines)
+
+
+class stop_on_signals:
+    """While training: the first SIGINT or SIGTERM asks the loop to stop after the iteration in
+    progress (the state stays consistent, so the checkpoint resumes exactly); a second SIGINT
+    raises KeyboardInterrupt. Only in the main thread, where Python delivers signals."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.saved = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+
+        if self.trainer.interrupted and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.trainer.interrupted = True
+        log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C again to abort without one)",
+                    signal.Signals(signum).name, self.trainer.iteration)
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        return False
