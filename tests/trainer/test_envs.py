@@ -80,6 +80,25 @@ def test_frozenlake_maps_random_start_and_goal_reachable_and_seeded():
     assert "<answer>Right</answer>" in a.instruction and "P: player" in a.instruction and "Left, Down" in a.instruction
 
 
+def test_frozenlake_corners_fix_start_and_goal_and_keep_the_holes_random():
+    env = make_env("frozenlake", size=3, corners=True)
+    maps = set()
+    for seed in range(100):
+        env.reset(seed)
+        desc = env.gym.desc.astype(str)
+        assert desc[0, 0] == "S" and desc[2, 2] == "G" and env.pos == (0, 0)
+        assert reachable(desc, (0, 0))
+        maps.add("".join(desc.ravel()))
+    assert len(maps) > 10, "the holes are still drawn at random"
+    env.reset(3)
+    for a in ("Down", "Down", "Right"):
+        assert not env.done
+        env.step(f"<answer>{a}</answer>")
+    if env.gym.desc[2, 1] != b"H" and env.gym.desc[1, 0] != b"H":
+        r = env.step("<answer>Right</answer>")
+        assert r.done and env.solved()
+
+
 def soko(rows):
     env = Sokoban(max_turns=10, size=len(rows))
     env.floor = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch != "#"}

@@ -133,6 +133,8 @@ class EnvConfig:
         rule=lambda v: 1 <= v <= 8, allowed="in [1, 8]", bad='0')
     p_frozen: float = opt(0.8, "frozenlake: probability that a tile is ice",
         rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='0')
+    corners: bool = opt(False, "frozenlake: start top-left and goal bottom-right, as gymnasium's random maps (off: "
+                               "both drawn at random, as the paper's code)", bad='diagonal')
     search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes",
         rule=lambda v: 1 <= v <= 10_000, allowed="in [1, 10000]", bad='0')
     data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b",

@@ -1,4 +1,5 @@
-"""FrozenLake as in the paper's code: random maps with random start and goal, non-slippery.
+"""FrozenLake as in the paper's code: random maps with random start and goal, non-slippery
+(env.corners: start top-left and goal bottom-right instead, as gymnasium places them).
 
 Dynamics are gymnasium's FrozenLakeEnv (is_slippery=False). Maps: each tile is frozen with
 probability p (0.8), start and goal are drawn uniformly at random and distinct, and a map is
@@ -34,12 +35,16 @@ def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
     return False
 
 
-def random_map(size: int, p: float, seed: int) -> list[str]:
-    """A size x size map of F (frozen), H (hole), one S and one G, with a path from S to G."""
+def random_map(size: int, p: float, seed: int, corners: bool = False) -> list[str]:
+    """A size x size map of F (frozen), H (hole), one S and one G, with a path from S to G.
+    `corners`: S top-left and G bottom-right, as gymnasium's own random maps place them; else
+    both drawn at random (the paper's code)."""
     rng = np.random.default_rng(seed)
     while True:
         board = rng.choice(np.array(["F", "H"]), (size, size), p=[p, 1 - p])
         s, g = tuple(rng.integers(size, size=2)), tuple(rng.integers(size, size=2))
+        if corners:
+            s, g = (0, 0), (size - 1, size - 1)
         if s == g:
             continue
         board[s], board[g] = "S", "G"
@@ -58,22 +63,23 @@ class FrozenLake(TextEnv):
     prompt_sets = ("roll", "replay")
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "p_frozen": "p",
-               "prompts": "prompts", "held_out": "held_out"}
+               "prompts": "prompts", "held_out": "held_out",
+               "corners": "corners"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
-                 prompts: str = "roll", held_out: float = 0.0):
+                 prompts: str = "roll", held_out: float = 0.0, corners: bool = False):
         super().__init__(max_turns, format_penalty, prompts)
         self.split = check_split(held_out)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
-        self.size, self.p = size, p
+        self.size, self.p, self.corners = size, p, corners
         self.gym = None  # gymnasium's FrozenLakeEnv, made at reset
 
     def _reset(self, seed: int) -> None:
         # imported here: reading a config loads this module (its OPTIONS), not gymnasium
         from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
-        self.gym = FrozenLakeEnv(desc=random_map(self.size, self.p, seed), is_slippery=False)
+        self.gym = FrozenLakeEnv(desc=random_map(self.size, self.p, seed, self.corners), is_slippery=False)
         self.gym.reset(seed=seed)
 
     def _move(self, action: str) -> float:

@@ -95,8 +95,8 @@ class FrozenLakeVLM(PictureGame, FrozenLake):
     OPTIONS = {**{k: v for k, v in FrozenLake.OPTIONS.items() if k != "prompts"}, "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
-                 cell: int = 28, held_out: float = 0.0):
-        FrozenLake.__init__(self, max_turns, format_penalty, size, p, held_out=held_out)
+                 cell: int = 28, held_out: float = 0.0, corners: bool = False):
+        FrozenLake.__init__(self, max_turns, format_penalty, size, p, held_out=held_out, corners=corners)
         self._picture_init(cell)
 
 
