@@ -200,3 +200,56 @@ def test_games_split_initial_boards_by_content(name):
     assert kept == [p for p in plain_train if not in_fold(p, 0.3)]
     with pytest.raises(ValueError, match="leaves a fold empty"):
         make_env(name, held_out=0.00001)
+
+
+def _distance(desc: np.ndarray, start: tuple[int, int]) -> int:
+    """Moves of a shortest hole-free path from start to G, by breadth-first layers."""
+    layer, seen, d = {start}, {start}, 0
+    while layer:
+        if any(desc[p] == "G" for p in layer):
+            return d
+        nxt = {(r + dr, c + dc) for r, c in layer for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))}
+        layer = {p for p in nxt if 0 <= p[0] < len(desc) and 0 <= p[1] < len(desc) and desc[p] != "H"} - seen
+        seen |= layer
+        d += 1
+    raise AssertionError("unreachable goal")
+
+
+@pytest.mark.parametrize("size,corners", [(4, False), (3, True)])
+def test_the_frozenlake_solver_walks_a_shortest_path_to_the_goal(size, corners):
+    """Played through gymnasium's own dynamics, the solver's moves reach the goal in the fewest
+    moves possible: a wrong direction table falls into a hole, bumps a wall or goes the long way."""
+    import random
+
+    env, rng = make_env("frozenlake", size=size, corners=corners, max_turns=2 * size * size), random.Random(0)
+    for seed in range(150):
+        env.reset(seed)
+        want = _distance(env.gym.desc.astype(str), env.pos)
+        while not env.done:
+            r = env.step(env.solver_reply(rng))
+        assert env.solved() and r.success and env.turn == want, seed
+
+
+def test_the_sokoban_solver_solves_generated_levels_in_the_fewest_moves():
+    import random
+
+    env, rng = make_env("sokoban", max_turns=60), random.Random(0)
+    for seed in range(30):
+        env.reset(seed)
+        want = len(solve(env.floor, env.targets, env.boxes, env.player, 60))
+        while not env.done:
+            env.step(env.solver_reply(rng))
+        assert env.solved() and env.turn == want, seed
+
+
+def test_only_environments_with_a_solver_take_solver_warm_starts():
+    from freshper.trainer import config
+    from freshper.trainer.envs.base import solver_envs
+
+    assert solver_envs() == ["frozenlake", "frozenlake-vlm", "sokoban", "sokoban-vlm"]
+    config.load("tiny", None, {"train.sft_replies": "solver"})
+    with pytest.raises(ValueError, match=r"train.sft_replies='solver' needs an environment with a solver .*"
+                                         r"env.name='math'"):
+        config.load("math-cpu", None, {"train.sft_replies": "solver"})
+    with pytest.raises(ValueError, match="train.sft_replies"):
+        config.load("tiny", None, {"train.sft_replies": "expert"})

@@ -117,3 +117,34 @@ def test_the_cache_key_holds_what_the_warm_start_depends_on(tmp_path, monkeypatc
         assert cache_path(folder, settings(_tiny(tmp_path, **over), model, 60)) != path, over
     assert cache_path(folder, settings(base, model, 59)) != path
     assert cache_path(folder, settings(base, model.double(), 60)) != path
+    assert cache_path(folder, settings(_tiny(tmp_path, **{"train.sft_replies": "solver"}), model, 60)) != path
+
+
+@pytest.mark.parametrize("replies", ["random", "solver"])
+def test_the_warm_start_trains_on_the_replies_it_is_asked_for(tmp_path, monkeypatch, replies):
+    """The supervised rows' loss tokens are exactly the chosen source's replies, and only its."""
+    import freshper.trainer.model.warm_start as W
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.model.load import load_policy
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    cfg = _tiny(tmp_path)
+    model, tok, _ = load_policy(cfg, torch.device("cpu"))
+    given, seen = [], []
+    other = {"random": "solver_reply", "solver": "random_reply"}[replies]
+
+    def new_env():
+        env = make_env("frozenlake", size=4, max_turns=3)
+        chosen = getattr(env, f"{replies}_reply")
+        setattr(env, f"{replies}_reply", lambda rng: given.append(chosen(rng)) or given[-1])
+        setattr(env, other, lambda rng: pytest.fail(f"{other} was called"))
+        return env
+
+    def capture(model, opt, rows, pad_id, vision=None, micro_batch=0):
+        for ids, labels in rows:
+            seen.extend(tok.decode([t for t in labels if t != -100]).split(tok.eos_token))
+        return 0.0
+
+    monkeypatch.setattr(W, "supervised_step", capture)
+    W.warm_start(model, tok, new_env, steps=2, lr=1e-3, seed=0, max_words=8, max_len=256, batch=4, replies=replies)
+    assert [s for s in seen if s] == given and len(given) >= 8

@@ -92,6 +92,13 @@ def validate(cfg: Config) -> None:
     if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
         raise ValueError(f"train.perception_steps is for the games (frozenlake, sokoban), got "
                          f"env.name={cfg.env.name!r}")
+    if cfg.train.sft_replies == "solver":
+        from ..envs import env_class
+        from ..envs.base import solver_envs
+
+        if not getattr(env_class(cfg.env.name), "has_solver", lambda: False)():
+            raise ValueError(f"train.sft_replies='solver' needs an environment with a solver "
+                             f"({', '.join(solver_envs())}), got env.name={cfg.env.name!r}")
     check_env_options(cfg.env)
     user_env_kwargs(cfg.env)  # your own environment's keywords, checked before anything runs
     if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:

@@ -359,15 +359,19 @@ class TrainConfig:
         rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk",
         rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
-    sft_steps: int = opt(-1, "format warm start: supervised steps on well-formed *random* actions, for a model built "
-                             "from scratch that cannot write the answer format (0: none; -1: auto, 60 for the tiny "
-                             "model, 0 for a pretrained one, which would only be trained on noise)",
+    sft_steps: int = opt(-1, "format warm start: supervised steps on well-formed actions (train.sft_replies), for a "
+                             "model that cannot write the answer format (0: none; -1: auto, 60 for the tiny model "
+                             "built from scratch, 0 for a pretrained one)",
         rule=lambda v: v >= -1, allowed=">= 0, or -1 (auto)", bad='-2')
     sft_lr: float = opt(1e-3, "warm-start learning rate",
         rule=lambda v: _finite(v) and 0 < v < 1, allowed="in (0, 1)", bad='2')
     sft_cache: bool = opt(True, "keep the format warm start's weights in FRESHPER_CACHE/warm-start, keyed on all it "
                                 "depends on: runs that share a seed and settings (a comparison's arms) compute it once",
         bad='sometimes')
+    sft_replies: str = opt("random", "the format warm start's replies: random (uniformly random valid actions: the "
+                                     "format, not the task) | solver (the next move of a shortest path: the format "
+                                     "and a strategy for RL to start from; frozenlake)",
+        choices=("random", "solver"), bad='expert')
     perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
                                    "is at row r column c, ...) before the format warm start: reading, not playing; "
                                    "cached per model and settings (0: none)",

@@ -126,6 +126,16 @@ class TextEnv:
         """A well-formed reply with a uniformly random action (format-only warm start, tokenizer corpus)."""
         return f"<answer>{rng.choice(self.actions)}</answer>"
 
+    def solver_reply(self, rng: random.Random) -> str:
+        """A well-formed reply with an expert's action (train.sft_replies solver). Only
+        environments with a solver define it (frozenlake); `has_solver` says which."""
+        raise NotImplementedError(f"{self.name} has no solver: train.sft_replies solver needs one of "
+                                  f"{', '.join(solver_envs())}")
+
+    @classmethod
+    def has_solver(cls) -> bool:
+        return cls.solver_reply is not TextEnv.solver_reply
+
     def _invalid_reward(self) -> float:
         """Environment reward of a turn whose answer did not parse (the penalty comes on top)."""
         return 0.0
@@ -186,6 +196,11 @@ def legend(symbols: dict[str, str], actions) -> str:
 
 ENVS: dict[str, type] = {}  # the built-in environments, by name; fixed once the package is imported
 _IMPORTED: dict[str, type] = {}  # users' classes by "package.module:Class", kept apart so ENVS stays the built-ins
+
+
+def solver_envs() -> list[str]:
+    """The built-in environments with a solver (train.sft_replies solver)."""
+    return sorted(name for name, cls in ENVS.items() if cls.has_solver())
 
 
 def register(cls):

@@ -11,6 +11,8 @@ Symbols: P player, _ frozen, O hole, G goal, X player in a hole, √ player on t
 """
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from .base import TextEnv, check_split, legend, register
@@ -33,6 +35,30 @@ def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
                 seen.add((rr, cc))
                 stack.append((rr, cc))
     return False
+
+
+MOVES = dict(zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))))  # (row, column) step of each action
+
+
+def shortest_path(board: np.ndarray, start: tuple[int, int]) -> list[str]:
+    """The actions of a shortest hole-free path from `start` to G (breadth-first; ties go to the
+    first action in Left, Down, Right, Up order); [] at G or when G cannot be reached."""
+    n = board.shape[0]
+    back = {start: None}
+    queue = [start]
+    for r, c in queue:
+        if board[r, c] == "G":
+            path, at = [], (r, c)
+            while back[at] is not None:
+                at, action = back[at]
+                path.append(action)
+            return path[::-1]
+        for action, (dr, dc) in MOVES.items():
+            nxt = (r + dr, c + dc)
+            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and nxt not in back and board[nxt] != "H":
+                back[nxt] = ((r, c), action)
+                queue.append(nxt)
+    return []
 
 
 def random_map(size: int, p: float, seed: int, corners: bool = False) -> list[str]:
@@ -92,6 +118,14 @@ class FrozenLake(TextEnv):
 
     def tile(self) -> bytes:
         return self.gym.desc[self.pos]
+
+    def solver_reply(self, rng: random.Random) -> str:
+        """The next move of a shortest path to the goal, in the answer format (`rng` unused: the
+        solver is deterministic)."""
+        path = shortest_path(self.gym.desc.astype(str), self.pos)
+        if not path:
+            raise RuntimeError("frozenlake: no path to the goal from here (in a hole, or at the goal)")
+        return f"<answer>{path[0]}</answer>"
 
     def solved(self) -> bool:
         return self.tile() == b"G"

@@ -36,6 +36,7 @@ _MASKS = [  # floor cells carved around the walker, offsets from its cell
     [(0, -1), (0, 0), (1, -1), (1, 0)], [(0, 0), (0, 1), (1, 0)],
 ]
 _MAX_STATES = 300_000
+SOLVER_LIMIT = 200  # moves searched by solver_reply; generated levels are solved in far fewer
 
 
 def topology(h: int, w: int, rng: random.Random, p_turn: float = 0.35) -> set[tuple[int, int]]:
@@ -201,6 +202,14 @@ class Sokoban(TextEnv):
         if self.solved():
             reward += 10.0
         return reward
+
+    def solver_reply(self, rng: random.Random) -> str:
+        """The next move of a shortest solution from here, in the answer format (`rng` unused:
+        the solver is deterministic)."""
+        path = solve(self.floor, self.targets, self.boxes, self.player, SOLVER_LIMIT)
+        if not path:
+            raise RuntimeError(f"sokoban: no solution within {SOLVER_LIMIT} moves from here (or already solved)")
+        return f"<answer>{path[0]}</answer>"
 
     def solved(self) -> bool:
         return self.boxes <= self.targets

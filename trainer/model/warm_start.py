@@ -1,6 +1,7 @@
 """The format warm start: supervised steps on whole episodes whose replies are uniformly random
 actions in the answer format, so a model that cannot write the format starts RL able to; it
-teaches the format, not the task.
+teaches the format, not the task. With train.sft_replies solver the replies are a solver's moves
+instead, and the warm start teaches a strategy too.
 
 Its weights are cached (train.sft_cache), keyed on everything they depend on: the model folder,
 the environment section, the steps, learning rate, seed, reply and context lengths, micro-batch,
@@ -64,12 +65,13 @@ def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id:
 
 
 def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max_words: int, max_len: int,
-               batch: int = 16, processor=None, micro_batch: int = 0) -> list[float]:
+               batch: int = 16, processor=None, micro_batch: int = 0, replies: str = "random") -> list[float]:
     """Supervised steps on whole episodes (chats, as the rollout builds them, in the model's own
-    chat template) whose replies are uniformly random actions in the answer format. A
-    random-initialised model cannot emit the format at all, and SmolLM2 does not follow it on the
-    games; this teaches the format only, not the task (the actions are random). `processor`: a
-    VLM's image processor, for environments that show images. `micro_batch`: rows per forward."""
+    chat template) of `batch` episodes each. A random-initialised model cannot emit the answer
+    format at all, and SmolLM2 does not follow it on the games. `replies`: "random", uniformly
+    random actions in the answer format, which teach the format only, not the task; "solver",
+    the environment's solver's moves (env.solver_reply), which teach a strategy too. `processor`:
+    a VLM's image processor, for environments that show images. `micro_batch`: rows per forward."""
     if steps == 0:
         return []
     from .chat import Episode
@@ -78,6 +80,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     env = make_env()
+    choose = {"random": env.random_reply, "solver": env.solver_reply}[replies]
     proc = processor if env.vision else None
     losses = []
     for _ in range(steps):
@@ -85,7 +88,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
         for _ in range(batch):
             ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words), env.images(), proc)
             while not env.done:
-                reply = tokenizer(env.random_reply(rng), add_special_tokens=False)
+                reply = tokenizer(choose(rng), add_special_tokens=False)
                 r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
                 if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
                                                   images=env.images() if proc else ()):
@@ -103,14 +106,15 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
 
 def settings(cfg, model, steps: int) -> dict:
     """What a format warm start of `steps` steps on `model` depends on, besides the model folder:
-    the environment section (and a user environment's class), its optimizer settings and seed,
+    the environment section (and a user environment's class), its replies, optimizer settings, seed,
     reply and context lengths, micro-batch, the perception warm start before it, LoRA, dtype."""
     from ..envs import env_class
     from .lora import has_lora, lora_metadata
 
     cls, t, r = env_class(cfg.env.name), cfg.train, cfg.rollout
     return {"env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
-            "lr": t.sft_lr, "seed": t.seed, "max_words": r.max_new_tokens, "max_len": r.max_len,
+            "lr": t.sft_lr, "replies": t.sft_replies, "seed": t.seed,
+            "max_words": r.max_new_tokens, "max_len": r.max_len,
             "micro_batch": cfg.algo.micro_batch, "dtype": str(model.dtype),
             "perception": [t.perception_steps, t.perception_lr] if t.perception_steps else None,
             "lora": lora_metadata(model) if has_lora(model) else None}

@@ -121,11 +121,11 @@ class Trainer:
         path = cache_path(self.model_path, ws_settings(cfg, self.model, steps)) if steps and t.sft_cache else None
         self.sft_losses, cached = cached_warm_start(path, self.model, lambda: warm_start(
             self.model, self.tok, self._new_env, steps, t.sft_lr, t.seed, r.max_new_tokens, r.max_len,
-            processor=self.processor, micro_batch=cfg.algo.micro_batch))
+            processor=self.processor, micro_batch=cfg.algo.micro_batch, replies=t.sft_replies))
         if self.sft_losses:
-            log.info("warm start: %d supervised steps on well-formed *random* actions (format only), "
-                     "loss %.3f -> %.3f%s", len(self.sft_losses), self.sft_losses[0], self.sft_losses[-1],
-                     f" (cached: {path})" if cached else "")
+            what = "well-formed *random* actions (format only)" if t.sft_replies == "random" else "the solver's moves"
+            log.info("warm start: %d supervised steps on %s, loss %.3f -> %.3f%s", len(self.sft_losses), what,
+                     self.sft_losses[0], self.sft_losses[-1], f" (cached: {path})" if cached else "")
         seed_everything(t.seed)  # the run's streams are the same whether the warm start ran or was loaded
 
     def _make_policy(self):
