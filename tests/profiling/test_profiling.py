@@ -96,3 +96,15 @@ def test_bench_decode_names_where_a_step_goes(monkeypatch, tmp_path, capsys):
     assert bench_decode.main(["--preset", "tiny", "--rows", "2", "--cache", "16", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "one decode step:" in out and "| aten::" in out
+
+
+def test_bench_memory_reads_a_peak_per_part(monkeypatch, tmp_path, capsys):
+    from freshper.profiling import bench_memory
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    assert bench_memory.main(["--preset", "tiny", "--set", "eval.episodes=2"]) == 0
+    rows = [x.split("|") for x in capsys.readouterr().out.splitlines() if x.startswith("| ") and "GB" not in x]
+    assert [r[1].strip().split(" (")[0] for r in rows] == ["model and trainer built", "validation rollout",
+                                                           "training rollout", "one iteration"]
+    for r in rows:  # a peak is at least what stayed resident after the part
+        assert 0 < float(r[2]) <= float(r[3])
