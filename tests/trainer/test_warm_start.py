@@ -148,3 +148,22 @@ def test_the_warm_start_trains_on_the_replies_it_is_asked_for(tmp_path, monkeypa
     monkeypatch.setattr(W, "supervised_step", capture)
     W.warm_start(model, tok, new_env, steps=2, lr=1e-3, seed=0, max_words=8, max_len=256, batch=4, replies=replies)
     assert [s for s in seen if s] == given and len(given) >= 8
+
+
+def test_train_sft_seed_gives_runs_of_other_seeds_one_warm_start(tmp_path, monkeypatch):
+    """Runs of seeds 1 and 2 with sft_seed 7 share one cache key (on one model folder) and warm
+    start with seed 7; without it each warm starts with its own seed."""
+    import freshper.trainer.train.loop as L
+    from freshper.trainer.model.load import load_policy
+    from freshper.trainer.model.warm_start import cache_path, settings
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    one, two = (_tiny(tmp_path, **{"train.seed": s, "train.sft_seed": 7}) for s in (1, 2))
+    model, _, folder = load_policy(one, torch.device("cpu"))
+    assert cache_path(folder, settings(one, model, 60)) == cache_path(folder, settings(two, model, 60))
+    assert cache_path(folder, settings(one, model, 60)) != cache_path(folder, settings(_tiny(tmp_path), model, 60))
+    seeds = []
+    monkeypatch.setattr(L, "warm_start", lambda model, tok, mk, steps, lr, seed, *a, **k: seeds.append(seed) or [1.0])
+    for over in ({"train.seed": 1, "train.sft_seed": 7}, {"train.seed": 1}):
+        L.Trainer(_tiny(tmp_path, **over, **{"train.sft_cache": False}), tmp_path / str(len(seeds)))
+    assert seeds == [7, 1]

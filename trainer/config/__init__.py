@@ -37,10 +37,12 @@ from .options import (
                      lazy,
                      opt,
                      sft_steps,
+                     warm_start_seed,
 )
 
 __all__ = ["PRESET_NEEDS", "PRESET_NEEDS_WHY", "PRESETS", "check_env_options", "env_options", "foreign_env_options",
            "user_env_kwargs", "validate", "check_field", "choices", "convert", "field_table", "field_table_of",
            "flatten", "invalid_examples", "resolve_key", "resumable", "rules", "apply", "load", "to_yaml", "ENV_NAMES",
            "INSERT_PRIORITIES", "MATH_SCORERS", "TINY_SFT_STEPS", "AlgoConfig", "Config", "EnvConfig", "EvalConfig",
-           "ModelConfig", "RolloutConfig", "TrainConfig", "buffer_insert", "lazy", "opt", "sft_steps"]
+           "ModelConfig", "RolloutConfig", "TrainConfig", "buffer_insert", "lazy", "opt", "sft_steps",
+           "warm_start_seed"]

@@ -372,6 +372,9 @@ class TrainConfig:
                                      "format, not the task) | solver (the next move of a shortest path: the format "
                                      "and a strategy for RL to start from; frozenlake)",
         choices=("random", "solver"), bad='expert')
+    sft_seed: int = opt(-1, "the warm starts' seed (-1: train.seed); one seed for every run of a comparison starts "
+                            "all of them from one set of warm-started weights, computed once",
+        rule=lambda v: v >= -1, allowed=">= 0, or -1 (train.seed)", bad='-2')
     perception_steps: int = opt(0, "games: supervised steps on questions about the board (where is the player, what "
                                    "is at row r column c, ...) before the format warm start: reading, not playing; "
                                    "cached per model and settings (0: none)",
@@ -407,6 +410,11 @@ class Config:
 
 
 TINY_SFT_STEPS = 60  # the tiny model's format warm start (train.sft_steps -1)
+
+
+def warm_start_seed(cfg: "Config") -> int:
+    """The seed of the perception and format warm starts: train.sft_seed, or train.seed for -1."""
+    return cfg.train.sft_seed if cfg.train.sft_seed >= 0 else cfg.train.seed
 
 
 def sft_steps(cfg: "Config") -> int:

@@ -108,12 +108,13 @@ def settings(cfg, model, steps: int) -> dict:
     """What a format warm start of `steps` steps on `model` depends on, besides the model folder:
     the environment section (and a user environment's class), its replies, optimizer settings, seed,
     reply and context lengths, micro-batch, the perception warm start before it, LoRA, dtype."""
+    from ..config import warm_start_seed
     from ..envs import env_class
     from .lora import has_lora, lora_metadata
 
     cls, t, r = env_class(cfg.env.name), cfg.train, cfg.rollout
     return {"env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
-            "lr": t.sft_lr, "replies": t.sft_replies, "seed": t.seed,
+            "lr": t.sft_lr, "replies": t.sft_replies, "seed": warm_start_seed(cfg),
             "max_words": r.max_new_tokens, "max_len": r.max_len,
             "micro_batch": cfg.algo.micro_batch, "dtype": str(model.dtype),
             "perception": [t.perception_steps, t.perception_lr] if t.perception_steps else None,

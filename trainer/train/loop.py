@@ -32,7 +32,7 @@ from freshper.buffer import ess_fraction
 from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
-from ..config import Config, buffer_insert, sft_steps, to_yaml
+from ..config import Config, buffer_insert, sft_steps, to_yaml, warm_start_seed
 from ..dist import RANK_SEED_STRIDE, SINGLE, Dist, check_world, rank0_first
 from ..engines import Sampling, make_engine
 from ..envs import make_env
@@ -120,7 +120,7 @@ class Trainer:
         steps, t = sft_steps(cfg), cfg.train
         path = cache_path(self.model_path, ws_settings(cfg, self.model, steps)) if steps and t.sft_cache else None
         self.sft_losses, cached = cached_warm_start(path, self.model, lambda: warm_start(
-            self.model, self.tok, self._new_env, steps, t.sft_lr, t.seed, r.max_new_tokens, r.max_len,
+            self.model, self.tok, self._new_env, steps, t.sft_lr, warm_start_seed(cfg), r.max_new_tokens, r.max_len,
             processor=self.processor, micro_batch=cfg.algo.micro_batch, replies=t.sft_replies))
         if self.sft_losses:
             what = "well-formed *random* actions (format only)" if t.sft_replies == "random" else "the solver's moves"
@@ -233,7 +233,7 @@ class Trainer:
         log.info("perception warm start: %d supervised steps on questions about game states (reading the board, "
                  "not playing: no action, reward or outcome is shown) ...", t.perception_steps)
         losses = perception.warm_start(self.model, self.tok, self._new_env, self.model_path, t.perception_steps,
-                                       t.perception_lr, t.seed)
+                                       t.perception_lr, warm_start_seed(self.cfg))
         acc = perception.probe_accuracy(self.model, self.tok, self._new_env)
         log.info("perception: held-out probe accuracy %.3f%s", acc,
                  f" (loss {losses[0]:.3f} -> {losses[-1]:.3f})" if losses else "")
