@@ -1,11 +1,14 @@
-"""Multi-turn rollouts with and without the HF engine's turn cache, side by side.
+"""Multi-turn rollouts with and without reuse of the earlier turns, side by side.
 
-One batch of game episodes is rolled out twice per round, alternating: with the per-episode cache
-kept between turns (engines/turn_cache.py) and with the whole conversation prefilled at every
-turn, from the same seed, so both draw the same samples (checked: the token rows must be equal).
+One batch of game episodes is rolled out twice per round, alternating. HF engine: with the
+per-episode cache kept between turns (engines/turn_cache.py) and with the whole conversation
+prefilled at every turn, from the same seed, so both draw the same samples (checked: the token
+rows must be equal). vLLM engine (`--engine vllm`): one engine with prefix caching on (as the
+trainer runs it: a turn finds its earlier conversation in the block cache) and one with it off;
+their samples may differ in the last bits of the logits, so they are compared for time only.
 Prints the median seconds of each and their ratio, per rollout and per turn.
 
-    python -m freshper.profiling.bench_turns --preset smollm2-135m-sokoban --rounds 2
+    python -m freshper.profiling.bench_turns --preset smollm2-135m-sokoban --rounds 2 [--engine vllm]
 """
 from __future__ import annotations
 
@@ -29,31 +32,41 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="cached then whole, this many times")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=0, help="reply length (0: the preset's)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = config.load(args.preset, None, {"train.sft_steps": 0})
     r = cfg.rollout
-    model, tok, _ = load_policy(cfg, torch.device("cpu"))
+    model, tok, folder = load_policy(cfg, torch.device("cpu"))
     tokens = args.max_new_tokens or r.max_new_tokens
+    if args.engine == "hf":
+        engines = {reuse: HFEngine(model, tok, turn_cache=reuse) for reuse in (True, False)}
+        names = {True: "turn cache", False: "whole prefill every turn"}
+    else:
+        from freshper.trainer.engines.vllm_engine import VLLMEngine
+
+        engines = {reuse: VLLMEngine(model, tok, cfg, torch.device("cpu"), folder, prefix_caching=reuse)
+                   for reuse in (True, False)}
+        names = {True: "vLLM, prefix caching on", False: "vLLM, prefix caching off"}
     seconds: dict[bool, list[float]] = {True: [], False: []}
     rows, turns = {}, 0
     for _ in range(args.rounds):
-        for cached in (True, False):
+        for reuse in (True, False):
             torch.manual_seed(0)
             t0 = time.perf_counter()
-            ep = rollout(HFEngine(model, tok, turn_cache=cached), tok, cfg.env.name, env_kwargs(cfg),
-                         list(range(args.groups)), r.group_size, tokens, r.max_len, Sampling(1.0, 1.0, 0))
-            seconds[cached].append(time.perf_counter() - t0)
-            rows[cached], turns = ep.tokens, int(ep.turns.max())
-    same = torch.equal(rows[True], rows[False])
+            ep = rollout(engines[reuse], tok, cfg.env.name, env_kwargs(cfg), list(range(args.groups)),
+                         r.group_size, tokens, r.max_len, Sampling(1.0, 1.0, 0))
+            seconds[reuse].append(time.perf_counter() - t0)
+            rows[reuse], turns = ep.tokens, int(ep.turns.max())
+    same = rows[True].shape == rows[False].shape and torch.equal(rows[True], rows[False])
     c, w = statistics.median(seconds[True]), statistics.median(seconds[False])
     print(f"# {args.preset}: {args.groups * r.group_size} episodes, up to {turns} turns, {tokens} new tokens a "
-          f"reply, {args.threads} thread(s), {args.rounds} round(s)")
+          f"reply, {args.threads} thread(s), {args.rounds} round(s), engine {args.engine}")
     print("| rollout | seconds | per turn |\n|---|---|---|")
-    print(f"| whole prefill every turn | {w:.1f} | {w / turns:.1f} |")
-    print(f"| turn cache | {c:.1f} | {c / turns:.1f} |")
+    print(f"| {names[False]} | {w:.1f} | {w / turns:.1f} |")
+    print(f"| {names[True]} | {c:.1f} | {c / turns:.1f} |")
     print(f"speed-up {w / c:.2f}x; same samples: {same}")
-    return 0 if same else 1
+    return 0 if same or args.engine == "vllm" else 1
 
 
 if __name__ == "__main__":

