@@ -370,7 +370,7 @@ class TrainConfig:
         bad='sometimes')
     sft_replies: str = opt("random", "the format warm start's replies: random (uniformly random valid actions: the "
                                      "format, not the task) | solver (the next move of a shortest path: the format "
-                                     "and a strategy for RL to start from; frozenlake)",
+                                     "and a strategy for RL to start from; frozenlake, sokoban)",
         choices=("random", "solver"), bad='expert')
     sft_seed: int = opt(-1, "the warm starts' seed (-1: train.seed); one seed for every run of a comparison starts "
                             "all of them from one set of warm-started weights, computed once",

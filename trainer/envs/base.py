@@ -128,7 +128,7 @@ class TextEnv:
 
     def solver_reply(self, rng: random.Random) -> str:
         """A well-formed reply with an expert's action (train.sft_replies solver). Only
-        environments with a solver define it (frozenlake); `has_solver` says which."""
+        environments with a solver define it (the games); `has_solver` says which."""
         raise NotImplementedError(f"{self.name} has no solver: train.sft_replies solver needs one of "
                                   f"{', '.join(solver_envs())}")
 

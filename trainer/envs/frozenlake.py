@@ -19,24 +19,6 @@ from .base import TextEnv, check_split, legend, register
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0..3
 SYMBOLS = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
-
-
-def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
-    """Whether G can be reached from `start` through non-hole tiles."""
-    n = board.shape[0]
-    seen, stack = {start}, [start]
-    while stack:
-        r, c = stack.pop()
-        if board[r, c] == "G":
-            return True
-        for dr, dc in ((1, 0), (0, 1), (-1, 0), (0, -1)):
-            rr, cc = r + dr, c + dc
-            if 0 <= rr < n and 0 <= cc < n and (rr, cc) not in seen and board[rr, cc] != "H":
-                seen.add((rr, cc))
-                stack.append((rr, cc))
-    return False
-
-
 MOVES = dict(zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))))  # (row, column) step of each action
 
 
@@ -59,6 +41,11 @@ def shortest_path(board: np.ndarray, start: tuple[int, int]) -> list[str]:
                 back[nxt] = ((r, c), action)
                 queue.append(nxt)
     return []
+
+
+def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
+    """Whether G can be reached from `start` through non-hole tiles."""
+    return bool(board[start] == "G") or bool(shortest_path(board, start))
 
 
 def random_map(size: int, p: float, seed: int, corners: bool = False) -> list[str]:
@@ -89,8 +76,7 @@ class FrozenLake(TextEnv):
     prompt_sets = ("roll", "replay")
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "p_frozen": "p",
-               "prompts": "prompts", "held_out": "held_out",
-               "corners": "corners"}
+               "prompts": "prompts", "held_out": "held_out", "corners": "corners"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
                  prompts: str = "roll", held_out: float = 0.0, corners: bool = False):
