@@ -202,6 +202,23 @@ def test_games_split_initial_boards_by_content(name):
         make_env(name, held_out=0.00001)
 
 
+@pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
+def test_a_spaced_grid_prints_one_token_per_tile_and_keeps_the_boards_and_the_split(name):
+    """env.grid spaced: the same boards, tiles apart by one space; the held-out split hashes the
+    board, not its printing, so both printings draw the same training and validation boards."""
+    from freshper.trainer.envs.base import EVAL_SEED_BASE
+
+    paper, spaced = make_env(name, held_out=0.3), make_env(name, held_out=0.3, grid="spaced")
+    for seed in [*range(40), *range(EVAL_SEED_BASE, EVAL_SEED_BASE + 40)]:
+        a, b = paper.reset(seed), spaced.reset(seed)
+        assert b == "\n".join(" ".join(row) for row in a.splitlines())
+    for text in (paper.step("<answer>Up</answer>").observation, spaced.step("<answer>Up</answer>").observation):
+        assert text  # the boards move alike; the printing follows the state
+    assert spaced.render() == "\n".join(" ".join(row) for row in paper.render().splitlines())
+    with pytest.raises(ValueError, match="grid must be one of"):
+        make_env(name, grid="dense")
+
+
 def _distance(desc: np.ndarray, start: tuple[int, int]) -> int:
     """Moves of a shortest hole-free path from start to G, by breadth-first layers."""
     layer, seen, d = {start}, {start}, 0

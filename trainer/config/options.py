@@ -135,6 +135,10 @@ class EnvConfig:
         rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='0')
     corners: bool = opt(False, "frozenlake: start top-left and goal bottom-right, as gymnasium's random maps (off: "
                                "both drawn at random, as the paper's code)", bad='diagonal')
+    grid: str = opt("paper", "frozenlake, sokoban: how the board is printed: paper (adjacent tiles, as the authors' "
+                             "code prints them) | spaced (tiles separated by spaces, one token per tile in "
+                             "SmolLM2's tokenizer, which merges runs such as ___ in the paper's form)",
+        choices=("paper", "spaced"), bad='dense')
     search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes",
         rule=lambda v: 1 <= v <= 10_000, allowed="in [1, 10000]", bad='0')
     data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b",

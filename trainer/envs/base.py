@@ -99,13 +99,18 @@ class TextEnv:
         self._reset(seed)
         if self.split:
             want, k = seed >= EVAL_SEED_BASE, 0
-            while in_fold(self.render(), self.split) != want:
+            while in_fold(self.content(), self.split) != want:
                 k += 1
                 self._reset(zlib.crc32(f"{seed}/{k}".encode()))  # another state from the same seed, fixed
         self.turn = 0
         self.done = False
         self.total_reward = 0.0
         self.total_penalty = 0.0
+        return self.render()
+
+    def content(self) -> str:
+        """The state's text as the held-out split hashes it: what the state is, not how it is
+        shown (a game's board in any env.grid gives one key)."""
         return self.render()
 
     def opening(self, state: str, max_words: int) -> list[dict]:
@@ -154,6 +159,33 @@ class TextEnv:
         self.total_reward += reward
         self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, self.done, valid, success, {"action": action})
+
+
+GRIDS = ("paper", "spaced")  # env.grid: how a game prints its board
+
+
+class GridGame(TextEnv):
+    """A board game whose state is a grid of one-character tiles (FrozenLake, Sokoban). `grid`
+    says how the board is printed: paper (rows of adjacent tiles, as the authors' code prints
+    them; SmolLM2's tokenizer merges runs such as "___" into one token, so a tile's column is
+    not one token's position) or spaced (tiles separated by spaces: one token per tile)."""
+
+    def __init__(self, max_turns: int, format_penalty: float = -0.15, prompts: str = "roll", grid: str = "paper"):
+        if grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+        super().__init__(max_turns, format_penalty, prompts)
+        self.grid = grid
+
+    def tiles(self) -> list[list[str]]:
+        """The board, row by row, one symbol per square."""
+        raise NotImplementedError
+
+    def render(self) -> str:
+        sep = " " if self.grid == "spaced" else ""
+        return "\n".join(sep.join(row) for row in self.tiles())
+
+    def content(self) -> str:
+        return "\n".join("".join(row) for row in self.tiles())
 
 
 class QuestionEnv(TextEnv):

@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 
-from .base import TextEnv, check_split, legend, register
+from .base import GridGame, check_split, legend, register
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0..3
 SYMBOLS = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
@@ -66,7 +66,7 @@ def random_map(size: int, p: float, seed: int, corners: bool = False) -> list[st
 
 
 @register
-class FrozenLake(TextEnv):
+class FrozenLake(GridGame):
     name = "frozenlake"
     actions = ACTIONS
     instruction = ("You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to the "
@@ -76,11 +76,11 @@ class FrozenLake(TextEnv):
     prompt_sets = ("roll", "replay")
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "p_frozen": "p",
-               "prompts": "prompts", "held_out": "held_out", "corners": "corners"}
+               "prompts": "prompts", "held_out": "held_out", "corners": "corners", "grid": "grid"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
-                 prompts: str = "roll", held_out: float = 0.0, corners: bool = False):
-        super().__init__(max_turns, format_penalty, prompts)
+                 prompts: str = "roll", held_out: float = 0.0, corners: bool = False, grid: str = "paper"):
+        super().__init__(max_turns, format_penalty, prompts, grid)
         self.split = check_split(held_out)
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must lie in (0, 1], got {p}")
@@ -119,7 +119,7 @@ class FrozenLake(TextEnv):
     def failed(self) -> bool:
         return self.tile() == b"H"
 
-    def render(self) -> str:
+    def tiles(self) -> list[list[str]]:
         rows = []
         for r, row in enumerate(self.gym.desc):
             out = []
@@ -128,5 +128,5 @@ class FrozenLake(TextEnv):
                     out.append({b"H": "X", b"G": "√"}.get(t, "P"))
                 else:
                     out.append({b"H": "O", b"G": "G"}.get(t, "_"))
-            rows.append("".join(out))
-        return "\n".join(rows)
+            rows.append(out)
+        return rows

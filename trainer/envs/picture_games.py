@@ -44,7 +44,7 @@ class PictureGame:
 
     def image(self):
         """The current board as an RGB picture (size * cell pixels square)."""
-        return draw_board(self.render().splitlines(), self.cell)
+        return draw_board(self.content().splitlines(), self.cell)
 
     def images(self) -> list:
         return [self.image()]
@@ -92,7 +92,9 @@ class FrozenLakeVLM(PictureGame, FrozenLake):
         "<answer>Right</answer>\nIn the picture: red is you, light blue is ice, dark blue is a hole, green is the "
         "goal. Your available actions are:\nLeft, Down, Right, Up")
 
-    OPTIONS = {**{k: v for k, v in FrozenLake.OPTIONS.items() if k != "prompts"}, "image_pixels": "image_pixels"}
+    # a picture has no printed grid (env.grid) and one wording
+    OPTIONS = {**{k: v for k, v in FrozenLake.OPTIONS.items() if k not in ("prompts", "grid")},
+               "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 4, p: float = 0.8,
                  cell: int = 28, held_out: float = 0.0, corners: bool = False):
@@ -111,7 +113,7 @@ class SokobanVLM(PictureGame, Sokoban):
         "is floor, dark blue is a target, purple is a box, yellow is a box on a target. Your available actions "
         "are:\nUp, Down, Left, Right")
 
-    OPTIONS = {**Sokoban.OPTIONS, "image_pixels": "image_pixels"}
+    OPTIONS = {**{k: v for k, v in Sokoban.OPTIONS.items() if k != "grid"}, "image_pixels": "image_pixels"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
                  search_depth: int = 300, cell: int = 28, held_out: float = 0.0):

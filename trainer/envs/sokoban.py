@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from .base import TextEnv, check_split, legend, register
+from .base import GridGame, check_split, legend, register
 
 MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 SYMBOLS = {"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box", "P": "player",
@@ -152,7 +152,7 @@ def solve(floor, targets, boxes, player, limit: int) -> list[str] | None:
 
 
 @register
-class Sokoban(TextEnv):
+class Sokoban(GridGame):
     name = "sokoban"
     actions = ("Up", "Down", "Left", "Right")
     instruction = ("You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. "
@@ -161,11 +161,11 @@ class Sokoban(TextEnv):
                    "format is <answer>Right</answer>" + legend(SYMBOLS, ("Up", "Down", "Left", "Right")))
 
     OPTIONS = {"max_turns": "max_turns", "format_penalty": "format_penalty", "size": "size", "boxes": "boxes",
-               "search_depth": "search_depth", "held_out": "held_out"}
+               "search_depth": "search_depth", "held_out": "held_out", "grid": "grid"}
 
     def __init__(self, max_turns: int = 10, format_penalty: float = -0.15, size: int = 6, boxes: int = 1,
-                 search_depth: int = 300, prompts: str = "roll", held_out: float = 0.0):
-        super().__init__(max_turns, format_penalty, prompts)
+                 search_depth: int = 300, prompts: str = "roll", held_out: float = 0.0, grid: str = "paper"):
+        super().__init__(max_turns, format_penalty, prompts, grid)
         self.split = check_split(held_out)
         self.size, self.n_boxes, self.search_depth = size, boxes, search_depth
         self.floor, self.targets, self.boxes, self.player = set(), frozenset(), set(), (0, 0)
@@ -217,7 +217,7 @@ class Sokoban(TextEnv):
     def failed(self) -> bool:
         return False
 
-    def render(self) -> str:
+    def tiles(self) -> list[list[str]]:
         rows = []
         for r in range(self.size):
             out = []
@@ -233,5 +233,5 @@ class Sokoban(TextEnv):
                     out.append("O")
                 else:
                     out.append("_")
-            rows.append("".join(out))
-        return "\n".join(rows)
+            rows.append(out)
+        return rows
