@@ -240,6 +240,10 @@ class EvalConfig:
         rule=lambda v: _finite(v) and v >= 0, allowed="a finite number >= 0 (0: greedy)", bad='-0.5', resume=True)
     samples: int = opt(1, "replies per validation problem: eval_success is avg@k, eval_pass_at_k pass@k",
         rule=lambda v: 1 <= v <= 1024, allowed="in [1, 1024]", bad='0', resume=True)
+    batch: int = opt(0, "validation states played at once, each with its eval.samples replies (0: all of a rank's "
+                        "share): their key/value caches are a game run's peak memory; other values change which "
+                        "random numbers each reply draws, not what is measured",
+        rule=lambda v: v >= 0, allowed=">= 0 (0: all at once)", bad='-1', resume=True)
 
 
 @dataclass

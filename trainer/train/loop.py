@@ -466,17 +466,25 @@ class Trainer:
         share = e.episodes // d.world
         seeds = [EVAL_SEED_BASE + d.rank * share + i for i in range(share)]
         cuda = [self.device] if self.device.type == "cuda" else []
+        chunk = e.batch or share  # states played at once: their key/value caches are the validation's peak memory
+        parts, sums = [], {}
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
-            ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds, e.samples, r.max_new_tokens,
-                         r.max_len, Sampling(e.temperature, r.top_p, r.top_k), processor=self.processor)
+            for i in range(0, share, chunk):
+                ep = rollout(self.engine, self.tok, cfg.env.name, env_kwargs(cfg), seeds[i:i + chunk], e.samples,
+                             r.max_new_tokens, r.max_len, Sampling(e.temperature, r.top_p, r.top_k),
+                             processor=self.processor)
+                parts.append(torch.stack([ep.success.double(), ep.reward.double(), ep.valid_frac.double(),
+                                          ep.context_ended.double()], 1))
+                for k, v in ep.extra.items():  # per-episode means, weighted back to the whole share
+                    sums[k] = sums.get(k, 0.0) + v * len(ep)
             self.engine.sleep()
         # (states, samples) per column: success, reward, valid share, context ended; all ranks' states
-        t = d.cat(torch.stack([ep.success.double(), ep.reward.double(), ep.valid_frac.double(),
-                               ep.context_ended.double()], 1).view(share, e.samples, 4))
+        t = d.cat(torch.cat(parts).view(share, e.samples, 4))
         solved, reward = t[..., 0], t[..., 1]
         per_state = solved.mean(1)  # the states are the independent units of the interval
-        extras = d.objects(ep.extra)  # equal shares: the mean of the ranks' means
+        # equal shares: the mean of the ranks' means
+        extras = d.objects({k: v / (share * e.samples) for k, v in sums.items()})
         return {"eval_success": float(solved.mean()), "eval_score": float(reward.mean()),
                 "eval_success_ci95": rate_ci(per_state.tolist())[1],
                 "eval_score_ci95": mean_ci(reward.mean(1).tolist())[1],
