@@ -26,6 +26,10 @@ def test_probes_are_computed_from_the_state():
                 assert a == "edge"
     qs = dict(perception.probes("sokoban", "#####\n#PX_#\n#_O√#\n#####", random.Random(1)))
     assert qs["How many boxes are not on a target?"] == "1"
+    spaced = "_ O _ _\n_ P _ _\n_ _ O _\n_ _ _ G"  # env.grid spaced: the same board, the same answers
+    for seed in range(20):
+        assert perception.probes("frozenlake", spaced, random.Random(seed)) == \
+            perception.probes("frozenlake", grid, random.Random(seed))
 
 
 def test_probes_never_show_an_action_or_a_reward():

@@ -33,7 +33,7 @@ DIRECTIONS = {"left of": (0, -1), "right of": (0, 1), "above": (-1, 0), "below":
 
 def probes(env_name: str, grid: str, rng: random.Random) -> list[tuple[str, str]]:
     """(question, answer) pairs about one rendered state; rows and columns count from 1."""
-    rows = grid.split("\n")
+    rows = [row.replace(" ", "") for row in grid.split("\n")]  # env.grid spaced: the spaces are not squares
     cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
     player = next((rc for rc, ch in cells.items() if ch in PLAYER[env_name]), None)
     out = []
