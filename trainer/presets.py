@@ -86,14 +86,15 @@ PRESETS: dict[str, dict] = {
     # passages), BM25 search, at most 5 searches and 10 turns as the paper's code sets them; 400
     # format warm-start steps (60 left 15-30% of replies malformed; 400: 0.1%).
     # SmolLM2 plays Sokoban-simple (6x6, one box) on a CPU: a format warm start on random valid
-    # moves, then RL; validation on boards training never draws (env.held_out, by content). The
-    # turn limit, budget and learning rate come from the pilot (RESULTS.md, "Sokoban study").
+    # moves, then RL; validation on boards training never draws (env.held_out, by content), 8
+    # states at a time (eval.batch: its peak 2.5 GB instead of 6.7, BENCHMARKS.md). The turn
+    # limit, budget and learning rate come from the pilot (RESULTS.md, "Sokoban study").
     "smollm2-135m-sokoban": {**_SOKOBAN_SIMPLE, "model.path": "smollm2-135m", "env.max_turns": 5,
                              "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                              "rollout.episodes": 8, "rollout.group_size": 4, "algo.replay_batch": 8,
                              "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 2,
                              "eval.every": 10, "eval.episodes": 32, "eval.samples": 2, "eval.temperature": 1.0,
-                             "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
+                             "eval.batch": 8, "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                              "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
                              "algo.warmup_steps": 0},
     # SmolLM2 plays FrozenLake (4x4 random maps, random start and goal, non-slippery; 5 moves), the
@@ -105,7 +106,7 @@ PRESETS: dict[str, dict] = {
                                 "rollout.episodes": 16, "rollout.group_size": 4, "algo.replay_batch": 16,
                                 "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 2,
                                 "eval.every": 8, "eval.episodes": 32, "eval.samples": 2, "eval.temperature": 1.0,
-                                "train.iterations": 16, "train.sft_steps": 6, "train.sft_lr": 1e-4,
+                                "eval.batch": 8, "train.iterations": 16, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                                 "algo.tau": 1000.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
                                 "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
     "search-cpu": {"env.name": "search", "env.max_turns": 10, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
