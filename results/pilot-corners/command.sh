@@ -29,3 +29,5 @@ freshper chance --preset smollm2-135m-frozenlake --episodes 1000 --split eval --
 freshper chance --preset smollm2-135m-frozenlake --episodes 1000 --split train --env.size 3 --env.corners true --env.max_turns 6
 #   ... 1000 train states: success 0.027 ± 0.010 (95%), reward 0.027 per episode
 python results/pilot-corners/policies.py > results/pilot-corners/policies.txt
+# pilot6-corners-solver1 was stopped at 02:11 after its iteration 4 (307 env steps; solver1/ holds
+# what it wrote); pilot6-corners-solver3 ran to its budget (solver3/, with compare's table).

@@ -3,7 +3,7 @@
 
 SmolLM2-135M-Instruct takes the solver warm start (train.sft_replies solver: whole episodes whose
 replies are a shortest path's next move, 16 episodes a step, lr 1e-4, as the preset's warm
-start) for `--steps` steps; before it and at each `--at` step, the policy is scored on the first
+start) up to the last of the `--at` steps; before it and at each of them, the policy is scored on the first
 state of `--states` validation boards (held out by content, as a run's validation draws them):
 the probability it puts on a shortest-path move, its four well-formed replies
 (<answer>Left</answer>, ...) renormalised among themselves, and how often its most likely reply
@@ -76,7 +76,6 @@ def score(model, tok, env, n_states: int, max_words: int) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", choices=("paper", "spaced"), required=True)
-    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--at", default="6,12,24", help="steps after which to score")
     ap.add_argument("--states", type=int, default=128)
     ap.add_argument("--seed", type=int, default=100)

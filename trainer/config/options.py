@@ -138,7 +138,7 @@ class EnvConfig:
     grid: str = opt("paper", "frozenlake, sokoban: how the board is printed: paper (adjacent tiles, as the authors' "
                              "code prints them) | spaced (tiles separated by spaces, one token per tile in "
                              "SmolLM2's tokenizer, which merges runs such as ___ in the paper's form)",
-        choices=("paper", "spaced"), bad='dense')
+        choices=lazy("freshper.trainer.envs.base", "GRIDS"), bad='dense')
     search_depth: int = opt(300, "sokoban: depth of the reverse-play search that places the boxes",
         rule=lambda v: 1 <= v <= 10_000, allowed="in [1, 10000]", bad='0')
     data: str = opt("", "math: problems (parquet/jsonl/json/csv file, datasets folder, or hub:ORG/NAME); empty: a + b",
