@@ -13,6 +13,7 @@ def main(argv=None) -> int:
     import torch
 
     from freshper.trainer import config
+    from freshper.trainer.model.cache_name import cache_kwarg, output_cache
     from freshper.trainer.model.load import load_policy
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
@@ -29,16 +30,17 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         t0 = time.perf_counter()
-        cache = model(input_ids=torch.randint(3, vocab, (args.rows, args.cache), generator=g),
-                      use_cache=True).past_key_values
+        cache = output_cache(model(input_ids=torch.randint(3, vocab, (args.rows, args.cache), generator=g),
+                                   use_cache=True))
+        kw = cache_kwarg(model)
         prefill = time.perf_counter() - t0
         nxt = torch.randint(3, vocab, (args.rows, 1), generator=g)
         t0 = time.perf_counter()
         for _ in range(args.steps):
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            model(input_ids=nxt, use_cache=True, **{kw: cache})
         step = (time.perf_counter() - t0) / args.steps
         with torch.profiler.profile() as prof:
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            model(input_ids=nxt, use_cache=True, **{kw: cache})
     print(f"# {args.preset}: {args.rows} rows, cache {args.cache} tokens, {args.threads} thread(s)")
     print(f"prefill of {args.rows} x {args.cache} tokens: {prefill:.2f} s; one decode step: {step * 1e3:.0f} ms "
           f"(mean of {args.steps}; the cache grows by one token a step)")

@@ -72,8 +72,9 @@ def test_later_turns_prefill_only_their_new_tokens(policy, monkeypatch):
 
     def counting(self, *a, **k):
         ids = k.get("input_ids")
-        if ids is not None and k.get("past_key_values") is not None and ids.shape[1] > 1:
-            widths.append((ids.shape[1], k["past_key_values"].get_seq_length()))
+        cache = k.get("cache", k.get("past_key_values"))  # the keyword's name differs across transformers releases
+        if ids is not None and cache is not None and ids.shape[1] > 1:
+            widths.append((ids.shape[1], cache.get_seq_length()))
         return forward(self, *a, **k)
 
     monkeypatch.setattr(type(model), "forward", counting)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from ..model.cache_name import cache_kwarg, output_cache
 from ..model.load import full_attention, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
 from .turn_cache import TurnCache
@@ -49,7 +50,7 @@ class HFEngine(Engine):
         pos = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 0)
         out = self.model.base_model(input_ids=ids[first, :-1].to(device), attention_mask=attn[first, :-1].to(device),
                                     position_ids=pos[first, :-1].to(device), use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         cache.batch_select_indices(group.to(device))
         return cache
 
@@ -71,7 +72,7 @@ class HFEngine(Engine):
             from transformers import DynamicCache
 
             ids, attn, layers = turns.batch(prompts, keys, cached, pad)
-            extra = {"past_key_values": DynamicCache(ddp_cache_data=layers)}
+            extra = {cache_kwarg(self.model): DynamicCache(ddp_cache_data=layers)}
         else:
             width = max(len(p) for p in prompts)
             ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -104,7 +105,7 @@ class HFEngine(Engine):
         elif not extra and self.share_prefix and getattr(self.model.config, "vision_config", None) is None:
             cache = self._prompt_cache(ids, attn, device)  # text models, first turns
             if cache is not None:
-                extra = {"past_key_values": cache}
+                extra = {cache_kwarg(self.model): cache}
         out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
                                   **extra)
         self.model.train(was_training)
@@ -128,7 +129,7 @@ class HFEngine(Engine):
             token_ids.append(row[:n])
             logprobs.append(logp[i, :n].tolist())
         if turns is not None:
-            turns.keep(out.past_key_values, attn, prompts, token_ids, keys)
+            turns.keep(output_cache(out), attn, prompts, token_ids, keys)
         return Generation(token_ids, logprobs)
 
     @torch.no_grad()

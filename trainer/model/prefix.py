@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .cache_name import cache_kwarg, output_cache
+
 
 def reply_starts(mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """(R,) int64: where each row's shareable prefix ends, i.e. its first response token (mask
@@ -50,7 +52,7 @@ def shared_prefix_hidden(decoder, tokens: torch.Tensor, lengths: torch.Tensor, s
     """The decoder's last hidden states (R, n, H) of right-padded rows `tokens` (R, n) int64 with
     `lengths` (R,) valid tokens, computed with each distinct prefix tokens[r, :starts[r]] run once
     (`starts` (R,) in [1, n], e.g. reply_starts). `decoder` is a Hugging Face base model (LlamaModel,
-    Qwen2Model, ...) that takes past_key_values. Positions past a row's length hold values of no
+    Qwen2Model, ...) that takes a key/value cache. Positions past a row's length hold values of no
     meaning, as in the padded forward."""
     R, n = tokens.shape
     dev = tokens.device
@@ -67,7 +69,7 @@ def shared_prefix_hidden(decoder, tokens: torch.Tensor, lengths: torch.Tensor, s
     if S == 0:
         hidden = pre_hidden
     else:
-        cache = pre.past_key_values
+        cache = output_cache(pre)
         cache.batch_select_indices(group)  # (G, ...) -> (R, ...), an index: differentiable
         # each suffix at its row's own positions; a padded slot past the row's end takes the row's
         # last position (it is masked), so a model with a table of learned positions never indexes
@@ -78,7 +80,7 @@ def shared_prefix_hidden(decoder, tokens: torch.Tensor, lengths: torch.Tensor, s
         # the 2-D mask covers cache then suffix; causality comes from the cache's length, so a
         # shorter prefix's padding slots are masked and never attended to
         suf = decoder(input_ids=suf_ids, attention_mask=torch.cat([pre_valid[group], suf_valid], 1).long(),
-                      position_ids=pos, past_key_values=cache, use_cache=True)
+                      position_ids=pos, use_cache=True, **{cache_kwarg(decoder): cache})
         hidden = torch.cat([pre_hidden, suf.last_hidden_state], 1)  # (R, P + S, H)
     # row r's position t is prefix slot t before its start, suffix slot P + t - start after it
     t = ar[None, :n].expand(R, n)
