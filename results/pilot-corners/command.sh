@@ -31,3 +31,14 @@ freshper chance --preset smollm2-135m-frozenlake --episodes 1000 --split train -
 python results/pilot-corners/policies.py > results/pilot-corners/policies.txt
 # pilot6-corners-solver1 was stopped at 02:11 after its iteration 4 (307 env steps; solver1/ holds
 # what it wrote); pilot6-corners-solver3 ran to its budget (solver3/, with compare's table).
+
+# Pilot 7 (2026-12-05), at 5b664c8: the update-matched control and FreshPER (the preset's tau 1000)
+# on seeds 101-103 in the pilot-6 setting, every run from the one 3-step solver warm start of seed 100
+# (train.sft_seed 100: pilot 6's cached weights); validation 8 states at a time (the preset's
+# eval.batch 8); two runs side by side, one thread each (compare --parallel 2). Folder: pilot7/.
+COMMON="--preset smollm2-135m-frozenlake --arms on-policy-matched,freshper --seeds 3 --first-seed 101 --budget 560 \
+  --parallel 2 --run-dir /work/pilot-runs --env.size 3 --env.corners true --env.max_turns 6 \
+  --algo.kl_coef 0.05 --eval.every 4 --algo.lr 2e-5 --train.sft_replies solver --train.sft_steps 3 --train.sft_seed 100"
+OMP_NUM_THREADS=1 freshper compare $COMMON --name pilot7-corners > pilot7-corners.out 2>&1
+python results/pilot-corners/pilot7.py > results/pilot-corners/pilot7.txt
+# peak resident memory of each run (VmHWM, read once a minute): pilot7/hwm.log
