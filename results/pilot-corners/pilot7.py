@@ -21,8 +21,12 @@ def readings(run: Path) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     curve = [(r["env_steps"], r["eval_success"]) for r in rows if "eval_success" in r]
+    # seconds per iteration after the first (first calls, warm caches): both update passes, generation
+    updates = [r["time_onpolicy_update"] + r.get("time_replay_update", 0.0) for r in rows[1:]]
     return {"start": rows[0]["eval_success"], "final": last["final_eval_success"], "env_steps": last["env_steps"],
-            "iterations": len(rows), "curve": curve}
+            "iterations": len(rows), "curve": curve, "updates": updates,
+            "generate": [r["time_generate"] for r in rows[1:]],
+            "eval": [r["time_eval"] for r in rows if "time_eval" in r]}
 
 
 def power(sd: float, effect: float, n: int, alpha: float = 0.05) -> float:
@@ -41,6 +45,10 @@ for name, r in runs.items():
     print(f"  {name}: {r['start']:.3f} -> {r['final']:.3f} ({r['env_steps']}, {r['iterations']}); {r['curve']}")
 
 # a seed's arms read iteration 0 with the same weights and the same random numbers: one reading a seed
+cost = {k: [x for r in runs.values() for x in r[k]] for k in ("updates", "generate", "eval")}
+print("seconds: " + "; ".join(f"{k} {min(v):.0f}-{max(v):.0f}" for k, v in cost.items())
+      + " (updates: both passes of an iteration; iterations after the first; eval: one validation)")
+
 starts = [runs[f"{CONTROL}-s{s}"]["start"] for s in seeds if f"{CONTROL}-s{s}" in runs]
 print(f"\niteration 0 (the same weights in every run; one reading a seed, its arms read alike): "
       f"{', '.join(f'{x:.3f}' for x in starts)}; mean {statistics.mean(starts):.3f}, SD {statistics.stdev(starts):.3f} "

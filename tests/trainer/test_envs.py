@@ -212,7 +212,8 @@ def test_a_spaced_grid_prints_one_token_per_tile_and_keeps_the_boards_and_the_sp
     for seed in [*range(40), *range(EVAL_SEED_BASE, EVAL_SEED_BASE + 40)]:
         a, b = paper.reset(seed), spaced.reset(seed)
         assert b == "\n".join(" ".join(row) for row in a.splitlines())
-    paper.step("<answer>Up</answer>"), spaced.step("<answer>Up</answer>")  # after a move too
+    for env in (paper, spaced):  # after a move too
+        env.step("<answer>Up</answer>")
     assert spaced.render() == "\n".join(" ".join(row) for row in paper.render().splitlines())
     with pytest.raises(ValueError, match="grid must be one of"):
         make_env(name, grid="dense")
