@@ -97,18 +97,23 @@ PRESETS: dict[str, dict] = {
                              "eval.batch": 8, "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                              "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
                              "algo.warmup_steps": 0},
-    # SmolLM2 plays FrozenLake (4x4 random maps, random start and goal, non-slippery; 5 moves), the
-    # game the issue names as the fallback where Sokoban is not learned: a format warm start on
-    # random valid moves, then RL; validation on maps held out by content. 4 maps x 4 replies per
-    # iteration. tau is the paper's FrozenLake value until a pilot measures this setting's drift.
-    "smollm2-135m-frozenlake": {"model.path": "smollm2-135m", "env.name": "frozenlake", "env.max_turns": 5,
-                                "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 640,
-                                "rollout.episodes": 16, "rollout.group_size": 4, "algo.replay_batch": 16,
-                                "algo.replay_updates": 1, "algo.capacity": 16384, "algo.micro_batch": 2,
-                                "eval.every": 8, "eval.episodes": 32, "eval.samples": 2, "eval.temperature": 1.0,
-                                "eval.batch": 8, "train.iterations": 16, "train.sft_steps": 6, "train.sft_lr": 1e-4,
-                                "algo.tau": 1000.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
-                                "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
+    # SmolLM2 plays FrozenLake: the game study's setting (RESULTS.md, "Pre-registered study: FreshPER
+    # on FrozenLake"). 3x3 boards with the start and goal in the corners and 6 moves, where a policy
+    # that moves Down or Right without reading the board already pays (4x4 random maps were not
+    # learned); validation on boards held out by content. Every run loads one warm start: 3
+    # supervised steps on a solver's moves drawn with seed 100 (random valid moves left every
+    # early group without a success). No KL penalty, as the authors' FrozenLake config; lr 5e-5,
+    # at which replayed data goes measurably off-policy (pilot 8: 0.072 nats/token). tau = 64 is
+    # freshper-auto's rule 1/(2r) on pilot 8's drift. 12 iterations are about 560 env steps.
+    "smollm2-135m-frozenlake": {"model.path": "smollm2-135m", "env.name": "frozenlake", "env.size": 3,
+                                "env.corners": True, "env.max_turns": 6, "env.held_out": 0.3,
+                                "rollout.max_new_tokens": 16, "rollout.max_len": 640, "rollout.episodes": 16,
+                                "rollout.group_size": 4, "algo.replay_batch": 16, "algo.replay_updates": 1,
+                                "algo.capacity": 16384, "algo.micro_batch": 2, "eval.every": 4, "eval.episodes": 32,
+                                "eval.samples": 2, "eval.temperature": 1.0, "eval.batch": 8, "train.iterations": 12,
+                                "train.sft_steps": 3, "train.sft_replies": "solver", "train.sft_seed": 100,
+                                "train.sft_lr": 1e-4, "algo.tau": 64.0, "algo.adv_clip": 0.0, "algo.lr": 5e-5,
+                                "algo.kl_coef": 0.0, "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
     "search-cpu": {"env.name": "search", "env.max_turns": 10, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                    "rollout.episodes": 64, "rollout.group_size": 8, "algo.replay_batch": 64, "algo.capacity": 16384,
                    "algo.micro_batch": 32, "eval.every": 20, "eval.episodes": 32, "eval.samples": 2,

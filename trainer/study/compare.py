@@ -51,7 +51,8 @@ ARMS = {
 # own train.iterations x rollout.episodes.
 BUDGETS = {"frozenlake": 12_000, "sokoban-simple": 20_000, "sokoban-hard": 30_000, "math-cpu": 12_800,
            "frozenlake-vlm-cpu": 12_000, "geoqa-cpu": 12_800, "search-cpu": 20_000, "sokoban-vlm-cpu": 20_000,
-           "smollm2-135m-math": 800, "smollm2-135m-multiply": 480}
+           "smollm2-135m-math": 800, "smollm2-135m-multiply": 480,
+           "smollm2-135m-frozenlake": 560}
 
 
 def default_budget(preset: str) -> int:
