@@ -197,6 +197,24 @@ REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users
                           r"starts over in a later session\.", re.S)
 
 
+# Each study's registration as committed before its runs (bd7f183, 19057d7), by its SHA-256:
+# a registration may not change once a run has started, so an edit to either fails here.
+REGISTRATIONS = {
+    "ce1155395655a3c11a0db26a0350e807bbe68f4601f9a74bcee42ac548e4c004": REGISTRATION,
+    "09f530c6d3acd687592e26b311b508467d4a0de2c8ccd0a45347230a54323ad8": re.compile(
+        r"## Pre-registered study: FreshPER on FrozenLake\n.*?no readout is taken before\.", re.S),
+}
+
+
+@pytest.mark.parametrize("digest", sorted(REGISTRATIONS))
+def test_the_registrations_are_as_committed_before_their_runs(digest):
+    import hashlib
+
+    found = REGISTRATIONS[digest].search((ROOT / "RESULTS.md").read_text(encoding="utf-8"))
+    assert found is not None
+    assert hashlib.sha256(found.group(0).encode()).hexdigest() == digest
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_pages_say_what_is_not_how_it_was_made(page):
     text = page.read_text(encoding="utf-8")
