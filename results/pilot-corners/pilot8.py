@@ -1,13 +1,16 @@
 """Pilot 8's rule (pilot8/plan.md, committed before its runs), applied from the runs' metrics
 alone: the control's validation at iteration 0 and at the end and the valid share of its final
 validation replies; FreshPER-stored's mean KL(mu || pi) per token over its replay updates and its
-share of replayed tokens with a non-zero advantage; the drift rate r (compare's fit, results.json)
-and freshper-auto's tau = 1 / (2r). Also each run's wall time and peak memory.
+share of replayed tokens with a non-zero advantage; the drift rate r (compare's fit,
+trainer/study/replay_stats.py) and freshper-auto's tau = 1 / (2r). Also each run's wall time and
+peak memory.
 
 Run: python results/pilot-corners/pilot8.py
 """
 import json
 from pathlib import Path
+
+from freshper.trainer.study.replay_stats import replay_summary
 
 folder = Path(__file__).parent / "pilot8"
 
@@ -30,14 +33,11 @@ print(f"rule 1, the control learns without breaking: rise {rise:+.3f} (>= 0.15: 
 mean_kl = sum(kl) / len(kl)
 print(f"rule 2, replayed data goes stale: mean KL(mu||pi) {mean_kl:.4f} nats/token over {len(kl)} replay updates "
       f"(>= 0.05: {mean_kl >= 0.05}); per update {[round(k, 3) for k in kl]}")
-tokens = sum(r["replay_adv_nonzero_frac"] for r in stored if r.get("replay_adv_nonzero_frac") is not None)
-n = sum(1 for r in stored if r.get("replay_adv_nonzero_frac") is not None)
-print(f"replayed tokens with a non-zero advantage (mean over updates): {tokens / n:.3f} (>= 0.5 declares stored)")
-table = (folder / "table.md").read_text()
-# the replay-diagnostics row: age, KL, ESS, clipped, singletons, adv != 0, r, p, drift time
-row = next(line for line in table.splitlines() if line.startswith("| freshper-stored | 2."))
-r_fit = float(row.split("|")[8].split()[0])
-print(f"drift rate r {r_fit} (compare's fit): tau = 1 / (2r) = {1 / (2 * r_fit):.1f} iterations")
+summary = replay_summary(stored)
+print(f"replayed tokens with a non-zero advantage (mean over updates): {summary['adv_nonzero']:.3f} "
+      "(>= 0.5 declares stored)")
+r_fit = summary["drift_rate"]
+print(f"drift rate r {r_fit:.5f} (compare's fit): tau = 1 / (2r) = {summary['drift_time']:.1f} iterations")
 for run in ("on-policy-matched-s101", "freshper-stored-s101"):
     secs = (folder / run / "DONE").read_text().split()[0]
     peak = max(int(line.split()[3]) for line in (folder / "hwm.log").read_text().splitlines() if run in line)
