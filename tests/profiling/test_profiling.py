@@ -94,9 +94,11 @@ def test_bench_decode_names_where_a_step_goes(monkeypatch, tmp_path, capsys):
     from freshper.profiling import bench_decode
 
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
-    assert bench_decode.main(["--preset", "tiny", "--rows", "2", "--cache", "16", "--steps", "2"]) == 0
+    assert bench_decode.main(["--preset", "tiny", "--rows", "2", "--cache", "16", "--pad", "4", "--steps", "2",
+                              "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    assert "one decode step:" in out and "| aten::" in out
+    rows = [x.split("|")[1].strip() for x in out.splitlines() if x.startswith("| ") and x.endswith("x |")]
+    assert rows == list(bench_decode.VARIANTS) and "| aten::" in out
 
 
 def test_bench_memory_reads_a_peak_per_part(monkeypatch, tmp_path, capsys):

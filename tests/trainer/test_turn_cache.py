@@ -4,44 +4,18 @@ engine log-probs within 4x float32's own error (the re-prefill in float32 agains
 import pytest
 import torch
 
-from freshper.trainer import config
-from freshper.trainer.engines.base import Sampling
-from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.engines.turn_cache import TurnCache
-from freshper.trainer.model.load import env_kwargs, load_policy
-from freshper.trainer.train.rollout import rollout
 
-GREEDY = Sampling(0.0, 1.0, 0)
+from .engine_agreement import agree, play, tiny_frozenlake
 
 
 @pytest.fixture(scope="module")
 def policy():
-    cfg = config.load("tiny", None, {"train.sft_steps": 0, "model.tiny_layers": 2, "env.max_turns": 4,
-                                     "rollout.max_len": 900})
-    torch.manual_seed(0)
-    model, tok, _ = load_policy(cfg, torch.device("cpu"))
-    return cfg, model, tok
+    return tiny_frozenlake()
 
 
-def _play(cfg, model, tok, turn_cache: bool, dtype=torch.float32):
-    """Six episodes in three groups of two; prompts of different lengths, so rows' caches differ."""
-    engine = HFEngine(model.to(dtype), tok, turn_cache=turn_cache)
-    ep = rollout(engine, tok, "frozenlake", env_kwargs(cfg), [11, 12, 13], 2, 10, cfg.rollout.max_len, GREEDY)
-    model.float()
-    assert engine.turns is None or len(engine.turns) == 0, "every episode's cache is released at its end"
-    return ep
-
-
-def _agree(cfg, model, tok) -> tuple[bool, str]:
-    cached, whole, whole64 = (_play(cfg, model, tok, True), _play(cfg, model, tok, False),
-                              _play(cfg, model, tok, False, torch.float64))
-    assert int(whole.turns.min()) >= 3, "the test needs episodes of several turns"
-    if not torch.equal(cached.tokens, whole.tokens):
-        return False, "the replies differ"
-    m = whole.mask
-    err = (cached.engine_logp[m].double() - whole.engine_logp[m].double()).abs().max().item()
-    base = (whole.engine_logp[m].double() - whole64.engine_logp[m].double()).abs().max().item()
-    return err <= 4 * base + 1e-9, f"cached vs whole {err:.3g}, float32's own error {base:.3g}"
+def _agree(cfg, model, tok):
+    return agree(cfg, model, tok, {"turn_cache": True}, {"turn_cache": False})
 
 
 def test_later_turns_on_the_kept_cache_equal_the_whole_prefill(policy):
@@ -78,7 +52,7 @@ def test_later_turns_prefill_only_their_new_tokens(policy, monkeypatch):
         return forward(self, *a, **k)
 
     monkeypatch.setattr(type(model), "forward", counting)
-    _play(cfg, model, tok, True)
+    play(cfg, model, tok, {"turn_cache": True})
     later = [(w, c) for w, c in widths if c > 0]
     assert len(later) >= 2, widths
     assert all(w < c / 3 for w, c in later[1:]), later

@@ -13,23 +13,31 @@ from transformers import GenerationConfig
 from ..model.cache_name import cache_kwarg, output_cache
 from ..model.load import full_attention, stop_token_ids
 from .base import Engine, Generation, Sampling, cut_at_stop
+from .gqa_sdpa import gqa_sdpa
+from .kv_room import room_cache
 from .turn_cache import TurnCache
 
 
 class HFEngine(Engine):
     name = "hf"
 
-    def __init__(self, model, tokenizer, share_prefix: bool = True, turn_cache: bool = True):
+    def __init__(self, model, tokenizer, share_prefix: bool = True, turn_cache: bool = True, kv_room: bool = True,
+                 gqa: bool = True):
         """`share_prefix`: prefill each distinct prompt of a batch once (a GRPO group's rows
         repeat one prompt) and start every row's generation from its prompt's cache.
         `turn_cache`: keep each episode's key/value cache between its turns (generate's `keys`),
-        so a turn prefills only its new tokens (turn_cache.py); text models with full attention."""
+        so a turn prefills only its new tokens (turn_cache.py); text models with full attention.
+        `kv_room`: a cache that decodes into room allocated ahead instead of copying itself at
+        every token (kv_room.py); text models with full attention. `gqa`: on CPU, attention on the
+        key/value heads as they are, not expanded to every query head (gqa_sdpa.py)."""
         self.model = model
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
         self.share_prefix = share_prefix
-        text = getattr(model.config, "vision_config", None) is None
+        self.text = text = getattr(model.config, "vision_config", None) is None
         self.turns = TurnCache() if turn_cache and text and full_attention(model.config) else None
+        self.room = kv_room and text and full_attention(model.config)
+        self.gqa = gqa
 
     def release(self, keys) -> None:
         if self.turns is not None:
@@ -54,6 +62,19 @@ class HFEngine(Engine):
         cache.batch_select_indices(group.to(device))
         return cache
 
+    def _with_room(self, data: list | None, room: int):
+        """`data` (per layer (keys, values), or a Cache) as a cache with `room` free positions, or as
+        transformers' own cache where kv_room is off; None stays None without kv_room."""
+        if data is not None and not isinstance(data, list):
+            data = [(layer.keys, layer.values) for layer in data.layers]
+        if not self.room:
+            if data is None:
+                return None
+            from transformers import DynamicCache
+
+            return DynamicCache(ddp_cache_data=data)
+        return room_cache(self.model.config.get_text_config(decoder=True).num_hidden_layers, room, data)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling,
                  stop: tuple[str, ...] = (), images: list | None = None, keys: list | None = None) -> Generation:
@@ -69,10 +90,10 @@ class HFEngine(Engine):
         cached = turns.cached_lengths(prompts, keys) if turns is not None else [0] * len(prompts)
         extra = {}  # generate's other inputs: a VLM's images, or the cached keys/values
         if any(cached):  # later turns: each row's cached conversation, then its new tokens
-            from transformers import DynamicCache
-
             ids, attn, layers = turns.batch(prompts, keys, cached, pad)
-            extra = {cache_kwarg(self.model): DynamicCache(ddp_cache_data=layers)}
+            held = layers[0][0].shape[2]
+            extra = {cache_kwarg(self.model): self._with_room(layers, ids.shape[1] - held + max_new_tokens)}
+            del layers  # the cache holds its own copy with room: drop this one before generating
         else:
             width = max(len(p) for p in prompts)
             ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -102,12 +123,17 @@ class HFEngine(Engine):
                 extra = {"pixel_values": torch.cat([v.pixel_values for v in with_px]).to(device),
                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
-        elif not extra and self.share_prefix and getattr(self.model.config, "vision_config", None) is None:
-            cache = self._prompt_cache(ids, attn, device)  # text models, first turns
+        elif not extra and self.text:  # first turns: the shared prompts' cache, or an empty one with room
+            with gqa_sdpa(self.model, self.gqa):
+                cache = self._prompt_cache(ids, attn, device) if self.share_prefix else None
+            # the prompt cache holds all but each prompt's last token, which generate runs first;
+            # an empty cache's first append is the whole prompt
+            cache = self._with_room(cache, max_new_tokens if cache is None else 1 + max_new_tokens)
             if cache is not None:
                 extra = {cache_kwarg(self.model): cache}
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
-                                  **extra)
+        with gqa_sdpa(self.model, self.gqa):
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                      generation_config=gen_cfg, **extra)
         self.model.train(was_training)
         new_dev = out.sequences[:, width:]
         # One step at a time on the device, keeping only the sampled token's log-prob: never a
