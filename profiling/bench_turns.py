@@ -1,4 +1,5 @@
-"""Multi-turn rollouts with and without reuse of the earlier turns, side by side.
+"""Multi-turn rollouts with and without reuse of the earlier turns, or with and without the HF
+engine's decode fixes, side by side.
 
 One batch of game episodes is rolled out twice per round, alternating. HF engine: with the
 per-episode cache kept between turns (engines/turn_cache.py) and with the whole conversation
@@ -6,9 +7,12 @@ prefilled at every turn, from the same seed, so both draw the same samples (chec
 rows must be equal). vLLM engine (`--engine vllm`): one engine with prefix caching on (as the
 trainer runs it: a turn finds its earlier conversation in the block cache) and one with it off;
 their samples may differ in the last bits of the logits, so they are compared for time only.
+`--compare decode` (HF engine, turn cache on in both): the room cache and grouped heads inside sdpa
+(engines/kv_room.py, engines/gqa_sdpa.py) against transformers' cache and attention.
 Prints the median seconds of each and their ratio, per rollout and per turn.
 
     python -m freshper.profiling.bench_turns --preset smollm2-135m-sokoban --rounds 2 [--engine vllm]
+    python -m freshper.profiling.bench_turns --preset smollm2-135m-frozenlake --compare decode
 """
 from __future__ import annotations
 
@@ -33,13 +37,20 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=0, help="reply length (0: the preset's)")
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--compare", choices=("turns", "decode"), default="turns",
+                    help="turns: reuse of earlier turns on and off; decode: the HF engine's decode fixes on and off")
     args = ap.parse_args(argv)
+    if args.compare == "decode" and args.engine != "hf":
+        ap.error(f"--compare decode needs --engine hf, got --engine {args.engine}")
     torch.set_num_threads(args.threads)
     cfg = config.load(args.preset, None, {"train.sft_steps": 0})
     r = cfg.rollout
     model, tok, folder = load_policy(cfg, torch.device("cpu"))
     tokens = args.max_new_tokens or r.max_new_tokens
-    if args.engine == "hf":
+    if args.compare == "decode":
+        engines = {new: HFEngine(model, tok, kv_room=new, gqa=new) for new in (True, False)}
+        names = {True: "room cache, grouped heads", False: "transformers' cache and attention"}
+    elif args.engine == "hf":
         engines = {reuse: HFEngine(model, tok, turn_cache=reuse) for reuse in (True, False)}
         names = {True: "turn cache", False: "whole prefill every turn"}
     else:
@@ -61,7 +72,7 @@ def main(argv=None) -> int:
     same = rows[True].shape == rows[False].shape and torch.equal(rows[True], rows[False])
     c, w = statistics.median(seconds[True]), statistics.median(seconds[False])
     print(f"# {args.preset}: {args.groups * r.group_size} episodes, up to {turns} turns, {tokens} new tokens a "
-          f"reply, {args.threads} thread(s), {args.rounds} round(s), engine {args.engine}")
+          f"reply, {args.threads} thread(s), {args.rounds} round(s), engine {args.engine}, compare {args.compare}")
     print("| rollout | seconds | per turn |\n|---|---|---|")
     print(f"| {names[False]} | {w:.1f} | {w / turns:.1f} |")
     print(f"| {names[True]} | {c:.1f} | {c / turns:.1f} |")

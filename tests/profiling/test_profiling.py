@@ -79,6 +79,11 @@ def test_bench_turns_compares_the_turn_cache_on_the_same_samples(monkeypatch, tm
     assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "same samples: True" in out and "| turn cache |" in out and "up to 3 turns" in out
+    assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1", "--compare", "decode"]) == 0
+    out = capsys.readouterr().out
+    assert "same samples: True" in out and "| room cache, grouped heads |" in out
+    with pytest.raises(SystemExit):
+        bench_turns.main(["--preset", "tiny", "--compare", "decode", "--engine", "vllm"])
 
 
 def test_bench_share_times_both_forms_for_each_share(monkeypatch, tmp_path, capsys):
