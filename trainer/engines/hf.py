@@ -34,9 +34,10 @@ class HFEngine(Engine):
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
         self.share_prefix = share_prefix
-        self.text = text = getattr(model.config, "vision_config", None) is None
-        self.turns = TurnCache() if turn_cache and text and full_attention(model.config) else None
-        self.room = kv_room and text and full_attention(model.config)
+        self.text = getattr(model.config, "vision_config", None) is None
+        plain = self.text and full_attention(model.config)  # what the turn and room caches need
+        self.turns = TurnCache() if turn_cache and plain else None
+        self.room = kv_room and plain
         self.gqa = gqa
 
     def release(self, keys) -> None:
@@ -93,7 +94,7 @@ class HFEngine(Engine):
             ids, attn, layers = turns.batch(prompts, keys, cached, pad)
             held = layers[0][0].shape[2]
             extra = {cache_kwarg(self.model): self._with_room(layers, ids.shape[1] - held + max_new_tokens)}
-            del layers  # the cache holds its own copy with room: drop this one before generating
+            del layers  # the cache holds its own copy: drop this one before generating
         else:
             width = max(len(p) for p in prompts)
             ids = torch.full((len(prompts), width), pad, dtype=torch.long)

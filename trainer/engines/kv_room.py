@@ -74,7 +74,7 @@ class RoomLayer(DynamicLayer):
         need = self._n + key_states.shape[-2]
         if need > self.capacity():
             # the first append takes the room asked for; later growth a quarter more, at least 32
-            extra = self.room if self._k is None or self._k.dim() < 2 else max(32, need // 4)
+            extra = self.room if self.capacity() == 0 else max(32, need // 4)
             self._k = self._grow(self._k, key_states, need, extra)
             self._v = self._grow(self._v, value_states, need, extra)
         self._k[:, :, self._n:need] = key_states
