@@ -73,7 +73,8 @@ class ModelConfig:
         rule=lambda v: 1 <= v <= 64, allowed="in [1, 64]", bad='0')
     tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations",
         rule=lambda v: 264 <= v <= 65536, allowed="in [264, 65536] (256 bytes + specials + merges)", bad='10')
-    dtype: str = opt("auto", "auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16",
+    dtype: str = opt("auto", "compute dtype: auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16; with bf16 "
+        "the trainable weights stay float32 masters and forwards run under autocast",
         choices=("auto", "float32", "bfloat16"), bad='float8')
     attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager",
         choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash', resume=True)

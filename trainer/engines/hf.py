@@ -12,6 +12,7 @@ from transformers import GenerationConfig
 
 from ..model.cache_name import cache_kwarg, output_cache
 from ..model.load import full_attention, stop_token_ids
+from ..model.precision import autocast
 from .base import Engine, Generation, Sampling, cut_at_stop
 from .gqa_sdpa import gqa_sdpa
 from .kv_room import room_cache
@@ -125,14 +126,14 @@ class HFEngine(Engine):
                          "image_grid_thw": torch.cat([v.image_grid_thw for v in with_px]).to(device),
                          "mm_token_type_ids": images[0].mm_token_type_ids(ids).to(device)}
         elif not extra and self.text:  # first turns: the shared prompts' cache, or an empty one with room
-            with gqa_sdpa(self.model, self.gqa):
+            with gqa_sdpa(self.model, self.gqa), autocast(self.model):
                 cache = self._prompt_cache(ids, attn, device) if self.share_prefix else None
             # the prompt cache holds all but each prompt's last token, which generate runs first;
             # an empty cache's first append is the whole prompt
             cache = self._with_room(cache, max_new_tokens if cache is None else 1 + max_new_tokens)
             if cache is not None:
                 extra = {cache_kwarg(self.model): cache}
-        with gqa_sdpa(self.model, self.gqa):
+        with gqa_sdpa(self.model, self.gqa), autocast(self.model):  # float32 masters: the trainer's compute dtype
             out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                                       generation_config=gen_cfg, **extra)
         self.model.train(was_training)

@@ -20,6 +20,7 @@ import torch
 from ..config import Config
 from ..envs import env_class, make_env
 from ..envs.prompts import SYSTEM
+from .precision import keep_masters
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
 
@@ -186,7 +187,10 @@ def load_policy(cfg: Config, device: torch.device):
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.info("LoRA rank %d on %s: %d trainable parameters (%.2f%% of the model)", m.lora_rank, m.lora_targets,
                  trainable, 100 * trainable / sum(p.numel() for p in model.parameters()))
-    log.info("model %s on %s, %s, attention: %s", path, device, str(dtype).removeprefix("torch."), attn)
+    # float32 masters for what trains, the loaded dtype for compute (trainer/model/precision.py)
+    keep_masters(model, dtype)
+    what = str(dtype).removeprefix("torch.") + (" compute, float32 masters" if dtype != torch.float32 else "")
+    log.info("model %s on %s, %s, attention: %s", path, device, what, attn)
     return model, tok, path
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..envs.prompts import SYSTEM
+from .precision import autocast, compute_dtype
 
 log = logging.getLogger("freshper")
 PLAYER = {"frozenlake": "PX√", "sokoban": "PS"}  # symbols that mark the player's cell
@@ -74,13 +75,16 @@ def examples(env, seed_base: int, n: int, rng: random.Random) -> list[tuple[list
     return out[:n]
 
 
-def cache_path(model_dir: str, steps: int, lr: float, seed: int, lora: dict | None = None) -> Path:
+def cache_path(model_dir: str, steps: int, lr: float, seed: int, lora: dict | None = None,
+               compute: str | None = None) -> Path:
     """Where the warm-started weights of these settings are cached; `lora`: the adapters' settings
-    (lora.lora_metadata) of a LoRA model, whose warm start trains and saves other tensors."""
+    (lora.lora_metadata) of a LoRA model, whose warm start trains and saves other tensors;
+    `compute`: the low-precision compute dtype over float32 masters (trainer/model/precision.py)."""
     from .load import cache_dir
 
     key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1,
-                      **({"lora": lora} if lora else {})}, sort_keys=True)
+                      **({"lora": lora} if lora else {}), **({"compute": compute} if compute else {})},
+                     sort_keys=True)
     return cache_dir() / "perception" / (hashlib.sha1(key.encode()).hexdigest()[:12] + ".safetensors")
 
 
@@ -90,7 +94,9 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
 
     from .lora import has_lora, lora_metadata
 
-    path = cache_path(model_dir, steps, lr, seed, lora_metadata(model) if has_lora(model) else None)
+    compute = compute_dtype(model)
+    path = cache_path(model_dir, steps, lr, seed, lora_metadata(model) if has_lora(model) else None,
+                      None if compute is None else str(compute))
     if path.exists():
         load_model(model, str(path))  # strict: a cache of other tensors fails here, not later
         log.info("perception warm start: loaded %s (cached; reading the board, not playing)", path)
@@ -143,8 +149,9 @@ def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0, by_kind: di
     for chat, answer in rows:
         prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]], device=device)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        with autocast(model):
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                 do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
         m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
         ok = m is not None and m.group(1).strip() == answer

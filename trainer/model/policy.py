@@ -26,6 +26,7 @@ from ..config import Config
 from ..dist import SINGLE, Dist
 from .load import full_attention
 from .lora import adapters_off, has_lora
+from .precision import compute_dtype as run_compute_dtype
 from .prefix import reply_starts
 from .sharding import PolicyNet, shard
 
@@ -75,6 +76,8 @@ class Policy:
         # the KL reference: a frozen copy, or for a LoRA run the base itself, its adapters switched off
         self.ref_is_base = a.kl_coef > 0 and has_lora(model)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 and not self.ref_is_base else None
+        if ref is not None and run_compute_dtype(model) is not None and not dist.on:
+            ref.to(run_compute_dtype(model))  # frozen: no float32 masters (trainer/model/precision.py)
         self.net = PolicyNet(model)
         self.ref_net = PolicyNet(ref) if ref is not None else None
         if dist.on:

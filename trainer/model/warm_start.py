@@ -111,6 +111,7 @@ def settings(cfg, model, steps: int) -> dict:
     from ..config import warm_start_seed
     from ..envs import env_class
     from .lora import has_lora, lora_metadata
+    from .precision import compute_dtype
 
     cls, t, r = env_class(cfg.env.name), cfg.train, cfg.rollout
     return {"env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
@@ -118,7 +119,9 @@ def settings(cfg, model, steps: int) -> dict:
             "max_words": r.max_new_tokens, "max_len": r.max_len,
             "micro_batch": cfg.algo.micro_batch, "dtype": str(model.dtype),
             "perception": [t.perception_steps, t.perception_lr] if t.perception_steps else None,
-            "lora": lora_metadata(model) if has_lora(model) else None}
+            "lora": lora_metadata(model) if has_lora(model) else None,
+            # float32 masters with low-precision compute (trainer/model/precision.py); absent for float32
+            **({"compute": str(compute_dtype(model))} if compute_dtype(model) is not None else {})}
 
 
 def folder_id(model_dir: str) -> list:

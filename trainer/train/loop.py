@@ -39,6 +39,7 @@ from ..envs import make_env
 from ..envs.base import EVAL_SEED_BASE
 from ..model.load import env_kwargs, load_image_processor, load_policy, pick_device
 from ..model.policy import Policy
+from ..model.precision import compute_dtype
 from ..model.warm_start import cache_path, cached_warm_start, warm_start
 from ..model.warm_start import settings as ws_settings
 from . import checkpoint as ckpt
@@ -139,10 +140,12 @@ class Trainer:
             from ..model.sharding import broadcast_weights
 
             broadcast_weights(self.model)
+            compute = compute_dtype(self.model)  # FSDP2 casts to it (float32 master shards) instead of autocast
             if cfg.rollout.engine == "hf":  # generation needs whole weights: a copy, refreshed by sync_weights
                 gen_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-            if self.model.dtype != torch.float32:  # float32 master shards, low-precision compute
-                compute = self.model.dtype
+                if compute is not None:  # frozen: stored in the compute dtype, no masters
+                    gen_model.to(compute)
+            if compute is not None:  # a LoRA run's frozen base too: FSDP2 shards one dtype
                 self.model.float()
         # The cosine's horizon: on-policy steps only, as the paper's code counts them (its replay
         # steps advance the schedule too), or every optimizer step of the run.

@@ -1,0 +1,124 @@
+"""bf16 compute over float32 masters (trainer/model/precision.py).
+
+An all-bf16 model under AdamW drops steps of the paper's size (lr 1e-6): the step test fails for it
+(checked once by loading without masters). The gradient test's bound is the all-bf16 model's own
+gradient error against float64; a halved gradient fails it (checked once). The engine test holds
+that generation runs in bf16 too, and that its log-probs are within twice the error of the
+trainer's bf16 recompute of float64's.
+"""
+import copy
+
+import pytest
+import torch
+
+from freshper.trainer import config
+from freshper.trainer.engines.base import Sampling
+from freshper.trainer.engines.hf import HFEngine
+from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.policy import Policy
+from freshper.trainer.model.precision import ATTR, compute_dtype, keep_masters
+from freshper.trainer.train.rollout import rollout
+
+CPU = torch.device("cpu")
+
+
+def _cfg(**over):
+    return config.load("tiny", None, {"train.sft_steps": 0, "algo.warmup_steps": 0, "algo.lr_schedule": "constant",
+                                      "algo.kl_coef": 0.0, **over})
+
+
+def _rows(vocab: int, seed: int = 0):
+    """Four rows of 24 tokens, the last 10 of each a reply, with advantages +1, -1, +1, -1."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (4, 24), generator=g)
+    mask = torch.zeros(4, 24, dtype=torch.bool)
+    mask[:, 14:] = True
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None] * mask.float()
+    return tokens, mask, adv
+
+
+def test_keep_masters_makes_what_trains_float32_and_leaves_frozen_weights():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(torch.bfloat16)
+    net[1].requires_grad_(False)
+    keep_masters(net, torch.bfloat16)
+    assert [p.dtype for p in net[0].parameters()] == [torch.float32] * 2
+    assert [p.dtype for p in net[1].parameters()] == [torch.bfloat16] * 2
+    assert compute_dtype(net) == torch.bfloat16
+    plain = torch.nn.Linear(4, 4)
+    keep_masters(plain, torch.float32)
+    assert compute_dtype(plain) is None and not hasattr(plain, ATTR)
+    with pytest.raises(ValueError, match="compute"):
+        keep_masters(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.int8)
+
+
+def test_a_bf16_run_loads_with_masters_and_logs_its_compute_dtype():
+    model, _, _ = load_policy(_cfg(**{"model.dtype": "bfloat16"}), CPU)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert compute_dtype(model) == torch.bfloat16
+    fp32, _, _ = load_policy(_cfg(), CPU)
+    assert compute_dtype(fp32) is None
+
+
+def test_a_step_at_the_papers_learning_rate_moves_the_weights():
+    """AdamW's first step is lr * g / (|g| + eps): every weight with a gradient moves by lr. On bf16
+    weights of size ~0.02 a step of 1e-6 is below half their spacing (6e-5) and is lost."""
+    lr = 1e-6
+    cfg = _cfg(**{"model.dtype": "bfloat16", "algo.lr": lr})
+    model, tok, _ = load_policy(cfg, CPU)
+    policy = Policy(model, cfg, CPU)
+    weight = policy.model.model.layers[0].mlp.up_proj.weight
+    before = weight.detach().clone()
+    tokens, mask, adv = _rows(model.get_input_embeddings().num_embeddings)
+    st = policy.update(tokens, mask, None, adv)
+    assert st["grad_norm"] > 0
+    moved = (weight.detach() - before).abs()
+    assert float((moved > 0).float().mean()) > 0.9, "most weights did not move: the step was lost to rounding"
+    ratio = float(moved[moved > 0].median()) / lr
+    assert 0.9 < ratio < 1.1, f"median step {ratio:.3f} x lr, Adam's first step is 1 x lr"
+
+
+def _grads(model, cfg, tokens, mask, adv) -> torch.Tensor:
+    """The update's gradient, flattened in float64 (read before the step: a fresh policy each call)."""
+    policy = Policy(model, cfg, CPU)
+    policy.update(tokens, mask, None, adv)
+    return torch.cat([p.grad.double().flatten() for p in policy.model.parameters()])
+
+
+def test_masters_with_bf16_compute_are_no_less_accurate_than_an_all_bf16_model():
+    """The three models hold the same numbers (float32 weights rounded to bf16): float64 is the
+    reference, the all-bf16 model (the honest low-precision baseline) sets the bound."""
+    cfg = _cfg()
+    model, tok, _ = load_policy(cfg, CPU)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    tokens, mask, adv = _rows(model.get_input_embeddings().num_embeddings, seed=1)
+    ref = _grads(copy.deepcopy(model).double(), cfg, tokens, mask, adv)
+    all_bf16 = _grads(copy.deepcopy(model).to(torch.bfloat16), cfg, tokens, mask, adv)
+    masters = _grads(keep_masters(copy.deepcopy(model), torch.bfloat16), cfg, tokens, mask, adv)
+    err = lambda g: float((g - ref).norm() / ref.norm())  # noqa: E731
+    assert err(all_bf16) > 1e-4, "the baseline is not low precision: the bound would be meaningless"
+    assert err(masters) <= err(all_bf16), f"masters {err(masters):.2e} against all-bf16 {err(all_bf16):.2e}"
+
+
+def test_the_engine_samples_in_bf16_with_the_log_probs_the_trainer_recomputes():
+    cfg = _cfg(**{"model.dtype": "bfloat16"})
+    torch.manual_seed(0)
+    model, tok, _ = load_policy(cfg, CPU)
+    engine = HFEngine(model, tok)
+    seen = []  # what the engine's linear layers compute in (the cache's dtype follows the rotary tables)
+    hook = model.model.layers[0].self_attn.v_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    ep = rollout(engine, tok, "frozenlake", env_kwargs(cfg), [3, 4], 2, cfg.rollout.max_new_tokens,
+                 cfg.rollout.max_len, Sampling(1.0, 1.0, 0))
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}, f"the engine computed in {set(seen)}, not bf16"
+    sel = ep.mask
+    trainer = Policy(model, cfg, CPU).logprobs(ep.tokens, ep.mask)[sel]
+    exact_model = copy.deepcopy(model).double()
+    delattr(exact_model, ATTR)  # float64 compute: the reference
+    exact = Policy(exact_model, _cfg(), CPU).logprobs(ep.tokens, ep.mask)[sel]
+    own_error = float((trainer - exact).abs().max())
+    assert own_error > 0, "the recompute is not in bf16: the bound would be meaningless"
+    engine_error = float((ep.engine_logp[sel] - exact).abs().max())
+    assert engine_error <= 2 * own_error, f"the engine's log-probs are {engine_error:.2e} off float64's, the " \
+                                          f"trainer's bf16 recompute {own_error:.2e}"

@@ -1,0 +1,51 @@
+"""Low-precision compute on float32 master weights, on one process.
+
+AdamW on bf16 weights drops every step smaller than half the spacing of bf16 numbers around the
+weight: 2**-9 of its size. At the paper's lr of 1e-6 a step is about 1e-6, and a weight of 0.01 has
+a half-spacing of 3e-5, so almost nothing would move. The trainable parameters therefore stay in
+float32, and each forward runs under torch.autocast in the compute dtype (matmuls and attention
+in bf16, reductions and the residual stream in float32). On several ranks FSDP2's
+MixedPrecisionPolicy does the same job (trainer/model/sharding.py), and the trainer turns autocast
+off there.
+
+Frozen weights (a LoRA run's base, the KL reference) need no masters and stay in the compute dtype.
+The compute dtype travels on the model as one attribute, so that every place that runs it (the
+update, the warm starts, the HF engine) reads the same setting.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+ATTR = "freshper_compute_dtype"
+
+
+def keep_masters(model: torch.nn.Module, compute: torch.dtype) -> torch.nn.Module:
+    """`model`'s trainable parameters as float32 masters (in place) and `compute` recorded as the
+    dtype its forwards run in. float32 compute leaves the model as it is. Returns `model`."""
+    if compute == torch.float32:
+        return model
+    if compute not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"compute must be torch.float32, torch.bfloat16 or torch.float16, got {compute}")
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    setattr(model, ATTR, compute)
+    return model
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype `model`'s forwards run in under autocast, or None: its weights' own (float32)."""
+    return getattr(model, ATTR, None)
+
+
+def autocast(model: torch.nn.Module, enabled: bool = True):
+    """A context in which `model`'s forwards run in its compute dtype; a no-op without one.
+    Enter it once per forward (or per generate call), not around an optimizer step: autocast
+    keeps its casts of the weights until the outermost context exits."""
+    dtype = compute_dtype(model)
+    if dtype is None or not enabled:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    return torch.autocast(device.type, dtype=dtype)
