@@ -76,8 +76,9 @@ class Policy:
         # the KL reference: a frozen copy, or for a LoRA run the base itself, its adapters switched off
         self.ref_is_base = a.kl_coef > 0 and has_lora(model)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 and not self.ref_is_base else None
-        if ref is not None and run_compute_dtype(model) is not None and not dist.on:
-            ref.to(run_compute_dtype(model))  # frozen: no float32 masters (trainer/model/precision.py)
+        compute = run_compute_dtype(model)
+        if ref is not None and compute is not None and not dist.on:
+            ref.to(compute)  # frozen: no float32 masters (trainer/model/precision.py)
         self.net = PolicyNet(model)
         self.ref_net = PolicyNet(ref) if ref is not None else None
         if dist.on:

@@ -57,7 +57,7 @@ class PolicyNet(nn.Module):
         self.packed = getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
         # one process: forwards under autocast in the compute dtype over float32 masters
         # (trainer/model/precision.py); shard() turns it off, FSDP2 casting the weights instead
-        self.autocast = True
+        self.use_autocast = True
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, fn: Callable, starts: torch.Tensor | None = None,
                 **vision):
@@ -68,7 +68,7 @@ class PolicyNet(nn.Module):
         mm_token_type_ids for these rows (trainer/model/vision.py); rows with images run padded, not
         packed."""
         decoder, head = _parts(self.model)
-        with autocast(self.model, self.autocast):
+        with autocast(self.model, self.use_autocast):
             if starts is not None and not vision and not self.packed:
                 hidden = shared_prefix_hidden(decoder, tokens, lengths, starts)
             elif self.packed and not vision:
@@ -79,7 +79,7 @@ class PolicyNet(nn.Module):
                 hidden = decoder(input_ids=tokens, attention_mask=attn.long(), **vision).last_hidden_state
         # the loss outside autocast, on hidden states and head in the compute dtype, as under FSDP2:
         # autocast would also run in bf16 the matmuls a loss means to run in float32
-        dtype = compute_dtype(self.model) if self.autocast else None
+        dtype = compute_dtype(self.model) if self.use_autocast else None
         if dtype is not None:
             return fn(hidden[:, :-1].to(dtype), head.to(dtype))
         return fn(hidden[:, :-1], head)
@@ -105,7 +105,7 @@ def shard(net: PolicyNet, dtype: torch.dtype | None, mesh=None) -> PolicyNet:
     already normalised by the global token count (trainer/model/policy.py)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    net.autocast = False
+    net.use_autocast = False
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype is not None \
         else MixedPrecisionPolicy()
     for layer in decoder_layers(net.model):
