@@ -53,3 +53,13 @@ def test_warm_start_trains_reading_and_is_cached(tmp_path):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="perception_steps is for the games"):
         config.load("math-cpu", None, {"train.perception_steps": 5})
+
+
+def test_the_cache_key_tells_a_bf16_compute_run_from_a_float32_one():
+    from freshper.trainer.model.perception import cache_path
+
+    plain = cache_path("/m/smollm2", 30, 1e-4, 0)
+    assert cache_path("/m/smollm2", 30, 1e-4, 0) == plain
+    assert cache_path("/m/smollm2", 30, 1e-4, 0, compute="torch.bfloat16") != plain
+    assert cache_path("/m/smollm2", 30, 1e-4, 0, compute="torch.float16") != \
+        cache_path("/m/smollm2", 30, 1e-4, 0, compute="torch.bfloat16")

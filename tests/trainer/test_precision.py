@@ -44,6 +44,9 @@ def test_keep_masters_makes_what_trains_float32_and_leaves_frozen_weights():
     assert [p.dtype for p in net[0].parameters()] == [torch.float32] * 2
     assert [p.dtype for p in net[1].parameters()] == [torch.bfloat16] * 2
     assert compute_dtype(net) == torch.bfloat16
+    frozen32 = torch.nn.Linear(4, 4).requires_grad_(False)
+    keep_masters(frozen32, torch.bfloat16)
+    assert {p.dtype for p in frozen32.parameters()} == {torch.bfloat16}, "a frozen float32 weight needs no master"
     plain = torch.nn.Linear(4, 4)
     keep_masters(plain, torch.float32)
     assert compute_dtype(plain) is None and not hasattr(plain, ATTR)
@@ -57,6 +60,21 @@ def test_a_bf16_run_loads_with_masters_and_logs_its_compute_dtype():
     assert compute_dtype(model) == torch.bfloat16
     fp32, _, _ = load_policy(_cfg(), CPU)
     assert compute_dtype(fp32) is None
+
+
+def test_a_bf16_full_fine_tune_starts_from_the_checkpoints_float32_values():
+    """The masters are the float32 checkpoint's numbers, not their bf16 roundings (checked once: a
+    bf16 load fails here); a LoRA run's frozen base loads in bf16, its adapters train in float32."""
+    fp32, _, _ = load_policy(_cfg(), CPU)
+    bf16, _, _ = load_policy(_cfg(**{"model.dtype": "bfloat16"}), CPU)
+    off_grid = 0
+    for (name, a), (_, b) in zip(fp32.named_parameters(), bf16.named_parameters()):
+        assert torch.equal(a, b), f"{name}: the master is not the checkpoint's value"
+        off_grid += int((a != a.to(torch.bfloat16).float()).sum())
+    assert off_grid > 0, "the checkpoint's weights are all bf16 numbers: the comparison cannot fail"
+    lora, _, _ = load_policy(_cfg(**{"model.dtype": "bfloat16", "model.lora_rank": 4}), CPU)
+    kinds = {(p.requires_grad, p.dtype) for p in lora.parameters()}
+    assert kinds == {(False, torch.bfloat16), (True, torch.float32)}, kinds
 
 
 def test_a_step_at_the_papers_learning_rate_moves_the_weights():

@@ -117,6 +117,9 @@ def test_the_cache_key_holds_what_the_warm_start_depends_on(tmp_path, monkeypatc
         assert cache_path(folder, settings(_tiny(tmp_path, **over), model, 60)) != path, over
     assert cache_path(folder, settings(base, model, 59)) != path
     assert cache_path(folder, settings(base, model.double(), 60)) != path
+    bf16 = _tiny(tmp_path, **{"model.dtype": "bfloat16"})
+    bf16_model, _, _ = load_policy(bf16, torch.device("cpu"))  # float32 masters, as `model`: only compute differs
+    assert cache_path(folder, settings(bf16, bf16_model, 60)) != path
     assert cache_path(folder, settings(_tiny(tmp_path, **{"train.sft_replies": "solver"}), model, 60)) != path
 
 

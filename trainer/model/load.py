@@ -175,7 +175,12 @@ def load_policy(cfg: Config, device: torch.device):
     auto = AutoModelForCausalLM
     if is_vision_env(cfg):  # a vision-language model: its image-text class (Qwen2-VL, Qwen2.5-VL)
         from transformers import AutoModelForImageTextToText as auto
-    model = auto.from_pretrained(path, dtype=dtype, attn_implementation=attn).to(device)
+    # A full fine-tune under low-precision compute loads in float32: its masters then hold the
+    # checkpoint's own values (a float32 checkpoint, such as the dequantized SmolLM2, keeps bits
+    # that a bf16 load would round away, and masters off the bf16 grid let bf16 forwards see
+    # steps smaller than half a bf16 spacing). A LoRA base is frozen: it loads in the compute dtype.
+    load_as = torch.float32 if not cfg.model.lora_rank else dtype
+    model = auto.from_pretrained(path, dtype=load_as, attn_implementation=attn).to(device)
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

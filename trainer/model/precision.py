@@ -9,6 +9,10 @@ MixedPrecisionPolicy does the same job (trainer/model/sharding.py), and the trai
 off there.
 
 Frozen weights (a LoRA run's base, the KL reference) need no masters and stay in the compute dtype.
+A full fine-tune loads in float32 (trainer/model/load.py), so the masters start from the
+checkpoint's own values, not from their bf16 roundings: a float32 checkpoint keeps its bits, and
+masters between bf16 numbers let a bf16 forward see part of a run's small steps on average, where
+masters on the bf16 grid hide every step until it reaches half a spacing.
 The compute dtype travels on the model as one attribute, so that every place that runs it (the
 update, the warm starts, the HF engine) reads the same setting.
 """
@@ -22,8 +26,9 @@ ATTR = "freshper_compute_dtype"
 
 
 def keep_masters(model: torch.nn.Module, compute: torch.dtype) -> torch.nn.Module:
-    """`model`'s trainable parameters as float32 masters (in place) and `compute` recorded as the
-    dtype its forwards run in. float32 compute leaves the model as it is. Returns `model`."""
+    """`model`'s trainable parameters as float32 masters and its frozen floating-point ones in
+    `compute` (in place), and `compute` recorded as the dtype its forwards run in. float32
+    compute leaves the model as it is. Returns `model`."""
     if compute == torch.float32:
         return model
     if compute not in (torch.bfloat16, torch.float16):
@@ -31,6 +36,8 @@ def keep_masters(model: torch.nn.Module, compute: torch.dtype) -> torch.nn.Modul
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
+        elif not p.requires_grad and p.is_floating_point() and p.dtype != compute:
+            p.data = p.data.to(compute)
     setattr(model, ATTR, compute)
     return model
 
