@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from freshper.trainer.model.prefix import prefix_groups, reply_starts, shared_prefix_hidden
+from freshper.trainer.model.prefix import prefix_groups, reply_starts, share_order, shared_prefix_hidden
 
 PAD = 0
 
@@ -25,6 +25,17 @@ def test_prefix_groups_share_by_content_not_by_position():
     tokens = torch.tensor([[5, 6, 7, 9], [5, 6, 8, 0], [5, 6, 7, 1], [4, 6, 7, 1]])
     first, group = prefix_groups(tokens, torch.tensor([3, 2, 3, 3]))
     assert first.tolist() == [0, 1, 3] and group.tolist() == [0, 1, 0, 2]
+
+
+def test_share_order_puts_a_prompts_rows_together_longest_first():
+    tokens = torch.tensor([[5, 6, 7, 9], [4, 6, 8, 0], [5, 6, 7, 1], [3, 3, 3, 1], [4, 6, 8, 2]])
+    starts = torch.tensor([2, 2, 2, 2, 2])
+    lengths = torch.tensor([3, 4, 4, 2, 3])
+    order = share_order(tokens, starts, lengths)
+    # prompt (5, 6): rows 2 (4 tokens), 0 (3); prompt (4, 6): rows 1 (4), 4 (3); prompt (3, 3): row 3
+    assert order.tolist() == [2, 0, 1, 4, 3]
+    again = share_order(tokens[order], starts[order], lengths[order])
+    assert again.tolist() == list(range(5)), "rows already in order must keep their places"
 
 
 @pytest.fixture
@@ -127,8 +138,11 @@ def test_all_prefix_rows(n_rows):
 
 def test_policy_update_on_shared_prompts_matches_whole_rows():
     """Policy.logprobs and Policy.update with `model.share_prefix` on and off, from the same
-    weights on the same multi-turn episodes (FrozenLake, 2 replies per map): log-probs, loss and
-    gradients agree within 4x float32's own error (whole rows in float32 against float64)."""
+    weights on the same multi-turn episodes (FrozenLake, 2 replies per map, rows interleaved so
+    that the shared side reorders them into micro-batches of 2 that share a prompt): log-probs,
+    each row's KL, the first pass's own log-probs, loss and gradients agree, in the caller's row
+    order, within 4x float32's own error (whole rows in float32 against float64). Checked once to
+    fail: the row KLs or the log-probs left in the reordered order."""
     from freshper.trainer import config
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
@@ -136,16 +150,24 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
     from freshper.trainer.model.policy import Policy, row_lengths
     from freshper.trainer.train.rollout import rollout
 
-    base = {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0}
+    base = {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0, "algo.micro_batch": 2}
     cfg = config.load("tiny", None, base)
     torch.manual_seed(0)
     model, tok, _ = load_policy(cfg, torch.device("cpu"))
     ep = rollout(HFEngine(model, tok), tok, "frozenlake", env_kwargs(cfg), [3, 4, 5, 6], 2,
                  cfg.rollout.max_new_tokens, cfg.rollout.max_len, Sampling(1.0, 1.0, 0))
     state = model.state_dict()
-    first, _ = prefix_groups(ep.tokens, reply_starts(ep.mask, row_lengths(ep.mask)))
+    mix = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # no two neighbours share a prompt
+    tokens, mask = ep.tokens[mix], ep.mask[mix]
+    lengths = row_lengths(mask)
+    starts = reply_starts(mask, lengths)
+    first, _ = prefix_groups(tokens, starts)
     assert len(first) < len(ep), "the episodes must share prompts"
-    adv = torch.tensor([1.0, -1.0] * (len(ep) // 2))[:, None] * ep.mask.float()
+    order = share_order(tokens, starts, lengths)
+    assert all(len(prefix_groups(tokens[order[i:i + 2]], starts[order[i:i + 2]])[0]) == 1 for i in (0, 2, 4, 6)), \
+        "the shared side's micro-batches must each share one prompt"
+    adv = torch.tensor([1.0, -1.0] * (len(ep) // 2))[:, None] * mask.float()
+    shift = torch.linspace(0.05, 0.4, len(ep))[:, None]  # old log-probs off by another amount in each row
     out = {}
     for name, share, dtype in (("shared", True, torch.float32), ("whole", False, torch.float32),
                                ("whole64", False, torch.float64)):
@@ -153,11 +175,17 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
         m, _, _ = load_policy(c, torch.device("cpu"))
         m.load_state_dict(state)
         policy = Policy(m.to(dtype), c, torch.device("cpu"))
-        lp = policy.logprobs(ep.tokens, ep.mask).double()
-        st = policy.update(ep.tokens, ep.mask, lp.float() - 0.2 * ep.mask.float(), adv)
+        assert (policy._order(tokens, policy._starts(mask, lengths, None), lengths) is not None) == share
+        fresh, _, _ = load_policy(c, torch.device("cpu"))
+        fresh.load_state_dict(state)
+        own = Policy(fresh.to(dtype), c, torch.device("cpu")).update(tokens, mask, None, adv)["logp"].double()
+        lp = policy.logprobs(tokens, mask).double()
+        st = policy.update(tokens, mask, lp.float() - shift * mask.float(), adv)
         grads = torch.cat([p.grad.double().flatten() for p in m.parameters()])
-        out[name] = (lp, torch.tensor([st["loss"], st["grad_norm"]], dtype=torch.float64), grads)
-    for i, what in enumerate(("log-probs", "loss and grad norm", "gradients")):
+        out[name] = (lp, own, st["row_kl"].double(), torch.tensor([st["loss"], st["grad_norm"]], dtype=torch.float64),
+                     grads)
+    for i, what in enumerate(("log-probs", "the first pass's log-probs", "row KLs", "loss and grad norm",
+                              "gradients")):
         err = (out["shared"][i] - out["whole"][i]).abs().max()
         base_err = (out["whole"][i] - out["whole64"][i]).abs().max()
         assert err <= 4 * base_err + 1e-9, f"{what}: shared vs whole {err:.3g}, float32's own error {base_err:.3g}"

@@ -27,7 +27,7 @@ from ..dist import SINGLE, Dist
 from .load import full_attention
 from .lora import adapters_off, has_lora
 from .precision import compute_dtype as run_compute_dtype
-from .prefix import reply_starts
+from .prefix import reply_starts, share_order
 from .sharding import PolicyNet, shard
 
 
@@ -125,6 +125,14 @@ class Policy:
             return None
         return reply_starts(mask, lengths)
 
+    def _order(self, tokens: torch.Tensor, starts: torch.Tensor | None, lengths: torch.Tensor) -> torch.Tensor | None:
+        """(R,) the order the rows run in (prefix.share_order), or None: rows as given. Only where
+        the shared-prompt forward runs and there is more than one micro-batch; within one
+        micro-batch the order would change nothing but float rounding."""
+        if starts is None or tokens.shape[0] <= self.cfg.algo.micro_batch:
+            return None
+        return share_order(tokens, starts, lengths)
+
     # ------------------------------------------------------------------ log-prob recompute
     @torch.no_grad()
     def logprobs(self, tokens: torch.Tensor, mask: torch.Tensor, ref: bool = False, vision=None) -> torch.Tensor:
@@ -139,6 +147,9 @@ class Policy:
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=self.device)
         lengths = row_lengths(mask)
         starts = self._starts(mask, lengths, vision)
+        order = self._order(tokens, starts, lengths)
+        if order is not None:
+            tokens, mask, lengths, starts = tokens[order], mask[order], lengths[order], starts[order]
         mb = self.cfg.algo.micro_batch
         for i in range(self._micro_batches(tokens.shape[0])):
             sl = slice(i * mb, (i + 1) * mb)
@@ -156,6 +167,8 @@ class Policy:
                      **(vision.kwargs(sl, tk) if vision is not None else {}))
             block = out[sl, 1:n]
             block[sel] = lp.float()
+        if order is not None:  # back to the caller's order
+            out[order] = out.clone()
         return out
 
     # ------------------------------------------------------------------------- the update
@@ -183,6 +196,11 @@ class Policy:
             self.ref_is_base else None
         lengths = row_lengths(mask)
         starts = self._starts(mask, lengths, vision)
+        order = self._order(tokens, starts, lengths)
+        if order is not None:  # micro-batches that share prompts and pad little; undone on the way out
+            pick = lambda t: None if t is None else t[order]  # noqa: E731
+            tokens, mask, adv, old_logp, lengths, starts = map(pick, (tokens, mask, adv, old_logp, lengths, starts))
+            weights, tis_logp, ref_logp = map(pick, (weights, tis_logp, ref_logp))
         resp = mask[:, 1:]
         # the global batch's token and sequence counts normalise every rank's loss
         total_tok, total_seq = self.dist.sum(torch.stack([resp.sum(), resp.any(1).sum()]))
@@ -234,6 +252,9 @@ class Policy:
             raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
         self.opt.step()
         self.sched.step()
+        if order is not None:
+            for t in (row_kl, row_kl1, *((old_logp,) if own else ())):
+                t[order] = t.clone()
         return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
                 "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1,
                 **({"logp": old_logp} if own else {})}

@@ -48,6 +48,20 @@ def prefix_groups(tokens: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Ten
     return as_long(first), as_long(group)
 
 
+def share_order(tokens: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(R,) int64: an order of the rows in which rows with the same prefix (tokens before
+    `starts`) stand side by side, longest first, and prefixes follow each other by their longest
+    row. Micro-batches cut from it share their prompts (a GRPO group, or a replayed episode
+    beside its group-mates) and hold rows of similar lengths, so they pad little. The order is
+    stable: rows already in it keep their places. One host transfer of the rows' prefixes."""
+    rows, cut, ln = tokens.tolist(), starts.tolist(), lengths.tolist()
+    blocks: dict[tuple[int, ...], list[int]] = {}
+    for r, (row, p) in enumerate(zip(rows, cut)):
+        blocks.setdefault(tuple(row[:p]), []).append(r)
+    ordered = sorted((sorted(b, key=lambda r: -ln[r]) for b in blocks.values()), key=lambda b: -ln[b[0]])
+    return torch.tensor([r for b in ordered for r in b], dtype=torch.long, device=tokens.device)
+
+
 def shared_prefix_hidden(decoder, tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """The decoder's last hidden states (R, n, H) of right-padded rows `tokens` (R, n) int64 with
     `lengths` (R,) valid tokens, computed with each distinct prefix tokens[r, :starts[r]] run once
