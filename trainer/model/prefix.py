@@ -53,12 +53,13 @@ def share_order(tokens: torch.Tensor, starts: torch.Tensor, lengths: torch.Tenso
     `starts`) stand side by side, longest first, and prefixes follow each other by their longest
     row. Micro-batches cut from it share their prompts (a GRPO group, or a replayed episode
     beside its group-mates) and hold rows of similar lengths, so they pad little. The order is
-    stable: rows already in it keep their places. One host transfer of the rows' prefixes."""
-    rows, cut, ln = tokens.tolist(), starts.tolist(), lengths.tolist()
-    blocks: dict[tuple[int, ...], list[int]] = {}
-    for r, (row, p) in enumerate(zip(rows, cut)):
-        blocks.setdefault(tuple(row[:p]), []).append(r)
-    ordered = sorted((sorted(b, key=lambda r: -ln[r]) for b in blocks.values()), key=lambda b: -ln[b[0]])
+    stable: rows already in it keep their places."""
+    first, group = prefix_groups(tokens, starts)
+    ln = lengths.tolist()
+    blocks: list[list[int]] = [[] for _ in range(len(first))]
+    for r, g in enumerate(group.tolist()):
+        blocks[g].append(r)
+    ordered = sorted((sorted(b, key=lambda r: -ln[r]) for b in blocks), key=lambda b: -ln[b[0]])
     return torch.tensor([r for b in ordered for r in b], dtype=torch.long, device=tokens.device)
 
 
