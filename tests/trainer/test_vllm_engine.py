@@ -86,6 +86,15 @@ def test_weight_sync_changes_outputs_like_a_fresh_engine(trainer, tmp_path):
     trainer.tok.save_pretrained(path)
     del trainer.engine
     gc.collect()
+    ids, lps = fresh_greedy(path, trainer, ps, "float32")
+    assert ids == after.token_ids
+    for got, want in zip(lps, after.logprobs):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
+
+
+def fresh_greedy(path, tr, ps, dtype: str, new_tokens: int = 6) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy replies to prompts `ps` (token ids), with their log-probs, from a fresh vLLM engine
+    that loads the model folder `path` in `dtype`: the reference a weight-synced engine must match."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -93,12 +102,10 @@ def test_weight_sync_changes_outputs_like_a_fresh_engine(trainer, tmp_path):
     from freshper.trainer.model.load import stop_token_ids
 
     with _llvmlite_hidden_from_vllm_scan():
-        fresh = LLM(model=str(path), tokenizer=str(path), dtype="float32", max_model_len=trainer.cfg.rollout.max_len,
-                    seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=stop_token_ids(trainer.tok), logprobs=0,
+        fresh = LLM(model=str(path), tokenizer=str(path), dtype=dtype, max_model_len=tr.cfg.rollout.max_len, seed=0,
+                    enable_chunked_prefill=False)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, stop_token_ids=stop_token_ids(tr.tok), logprobs=0,
                             detokenize=False)
     outs = fresh.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outs] == after.token_ids
-    for o, lps in zip(outs, after.logprobs):
-        got = [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(lps), atol=1e-4, rtol=0)
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    return ids, [[float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, i)] for o, i in zip(outs, ids)]
