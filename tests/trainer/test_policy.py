@@ -125,3 +125,50 @@ def test_the_update_takes_the_configured_loss(batch, loss, level):
         assert out["plain"][0] == 0.0, "every token above 1 + clip_high: PPO's clip leaves no gradient"
     assert out["variant"][0] > 0 and abs(out["variant"][0] - out["plain"][0]) > 0.01 * out["variant"][0]
     assert out["variant"][1] > 0, "positive advantages: the update raises the response log-probs"
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_skipping_the_backward_of_silent_micro_batches_changes_no_weight(batch, kl_coef, monkeypatch):
+    """algo.skip_zero_adv: micro-batches (of 2 rows, one group each) whose advantages are all 0
+    skip their backward, and the weights, the returned statistics and the row KLs are bit-equal
+    to running every backward: over an update with half its groups silent, then one with all
+    silent (AdamW's momentum still moves the weights on that zero gradient), then one with the
+    replayed old log-probs. With a KL term nothing is skipped (its gradient is not zero).
+    Checked once: treating a micro-batch as silent when only its first row is, or skipping every
+    backward of an all-silent update, fails here."""
+    cfg, state, ep = batch
+    calls = {"n": 0}
+    backward = torch.Tensor.backward
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return backward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "backward", counted)
+    groups = ep.tokens.shape[0] // 2
+    per_row = torch.tensor([[1.0, -1.0] if g % 2 else [0.0, 0.0] for g in range(groups)]).flatten()
+    steps = [token_adv(ep.mask, per_row), torch.zeros(ep.mask.shape)]
+    out = {}
+    for skip in (False, True):
+        c = config.load("tiny", None, {"train.sft_steps": 0, "algo.lr": 1e-3, "algo.warmup_steps": 0,
+                                       "algo.micro_batch": 2, "algo.kl_coef": kl_coef, "algo.skip_zero_adv": skip})
+        model, _, _ = load_policy(c, torch.device("cpu"))
+        model.load_state_dict(state)
+        policy = Policy(model, c, torch.device("cpu"))
+        calls["n"] = 0
+        stats = [policy.update(ep.tokens, ep.mask, None, adv) for adv in steps]
+        old = stats[0]["logp"]
+        stats.append(policy.update(ep.tokens, ep.mask, old, steps[0]))
+        out[skip] = (calls["n"], {k: v.clone() for k, v in policy.model.state_dict().items()}, stats)
+    (n_all, w_all, s_all), (n_skip, w_skip, s_skip) = out[False], out[True]
+    assert n_all == 3 * groups
+    assert n_skip == (n_all if kl_coef else groups // 2 + 1 + groups // 2), "silent micro-batches skip their backward"
+    for k in w_all:
+        assert torch.equal(w_all[k], w_skip[k]), k
+    assert any(not torch.equal(w_all[k], state[k]) for k in w_all)
+    for a, b in zip(s_all, s_skip):
+        for k in a:
+            if isinstance(a[k], torch.Tensor):
+                assert torch.equal(a[k], b[k]), k
+            else:
+                assert a[k] == b[k], k

@@ -349,6 +349,12 @@ class AlgoConfig:
         rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
     micro_batch: int = opt(16, "episodes per forward/backward",
         rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
+    skip_zero_adv: bool = opt(True, "a micro-batch whose response tokens all have advantage 0 runs its forward "
+                                     "without autograd and skips its backward when no KL term is on: every loss "
+                                     "multiplies its tokens by their advantage, so that backward adds exactly zero "
+                                     "(the forward still gives the log-probs and KLs the buffer and the readouts "
+                                     "use); one process only; false runs every backward",
+        bad='maybe', resume=True)
 
 
 @dataclass

@@ -12,9 +12,14 @@ holds its own rows of the global batch: token and sequence counts are summed ove
 the loss is normalised, gradients are summed (not averaged) over ranks, and every rank runs the
 same number of micro-batches (a rank with fewer rows runs empty ones), because each forward
 gathers parameters collectively. The step then equals one process's step on all the rows.
+
+On one process a micro-batch without signal (every response token's advantage 0, no KL term)
+skips its backward: its gradient is exactly zero, and when a policy collapses (every group scores
+alike) or a replay batch holds such rows, that backward was most of the update's time.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -171,6 +176,25 @@ class Policy:
             out[order] = out.clone()
         return out
 
+    def _silent(self, adv: torch.Tensor, resp: torch.Tensor, ref_logp, count: int) -> list[bool]:
+        """Per micro-batch of the update: True where its backward would add exactly zero, so it is
+        skipped (`algo.skip_zero_adv`). Every loss multiplies each token's term by its advantage, so
+        a micro-batch whose response tokens all have advantage 0 has a zero gradient unless a KL
+        term is on. Not on several ranks, where every rank's backward joins FSDP2's collectives.
+        When every micro-batch is silent the last one still runs its backward, so that every
+        parameter gets its (zero) gradient and AdamW steps as it would (its momentum moves the
+        weights even on a zero gradient; a parameter without a gradient it leaves alone)."""
+        a = self.cfg.algo
+        if not a.skip_zero_adv or self.dist.on or (ref_logp is not None and a.kl_coef > 0):
+            return [False] * count
+        live = ((adv[:, 1:] != 0) & resp.bool()).any(1)  # (R,) rows with a token of non-zero advantage
+        pad = count * a.micro_batch - live.shape[0]
+        live = torch.cat([live, live.new_ones(pad)]).view(count, a.micro_batch).any(1)
+        silent = (~live).tolist()
+        if all(silent):
+            silent[-1] = False
+        return silent
+
     # ------------------------------------------------------------------------- the update
     def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
@@ -209,7 +233,9 @@ class Policy:
         row_kl = torch.zeros(tokens.shape[0], dtype=torch.float32, device=dev)
         row_kl1 = torch.zeros_like(row_kl)
         mb = a.micro_batch
-        for i in range(self._micro_batches(tokens.shape[0])):
+        n_micro = self._micro_batches(tokens.shape[0])
+        silent = self._silent(adv, resp, ref_logp, n_micro)
+        for i in range(n_micro):
             sl = slice(i * mb, (i + 1) * mb)
             n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0  # the one host sync: the row width
             if n == 0:
@@ -222,18 +248,20 @@ class Policy:
             share = (micro_tok / total_tok.clamp_min(1) if a.agg == "token-mean"
                      else mk[:, 1:].any(1).sum() / total_seq.clamp_min(1))
             cut = lambda t: None if t is None else t[sl, 1:n]  # noqa: E731
-            loss, st = self.net(tk, lengths[sl], lambda h, w: fused_linear_policy_loss(
-                h, w, tk[:, 1:], None if own else old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
-                None if weights is None else weights[sl],
-                clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, loss=a.loss, ratio_level=a.ratio_level,
-                ref_logp=cut(ref_logp),
-                kl_coef=a.kl_coef if ref_logp is not None else 0.0,
-                tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
-                exclude=self.exclude), starts=None if starts is None else starts[sl],
-                **(vision.kwargs(sl, tk) if vision is not None else {}))
+            with torch.no_grad() if silent[i] else contextlib.nullcontext():
+                loss, st = self.net(tk, lengths[sl], lambda h, w: fused_linear_policy_loss(
+                    h, w, tk[:, 1:], None if own else old_logp[sl, 1:n], adv[sl, 1:n], mk[:, 1:],
+                    None if weights is None else weights[sl],
+                    clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, loss=a.loss, ratio_level=a.ratio_level,
+                    ref_logp=cut(ref_logp),
+                    kl_coef=a.kl_coef if ref_logp is not None else 0.0,
+                    tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
+                    exclude=self.exclude), starts=None if starts is None else starts[sl],
+                    **(vision.kwargs(sl, tk) if vision is not None else {}))
             if own:  # this forward's log-probs are the old policy's: kept for the caller
                 old_logp[sl, 1:n] = st["logp"]
-            (loss * share).backward()
+            if not silent[i]:
+                (loss * share).backward()
             tok_share = micro_tok / total_tok.clamp_min(1)
             sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
                                  st["kl_mean"] * tok_share]).double()
