@@ -14,8 +14,8 @@ same number of micro-batches (a rank with fewer rows runs empty ones), because e
 gathers parameters collectively. The step then equals one process's step on all the rows.
 
 On one process a micro-batch without signal (every response token's advantage 0, no KL term)
-skips its backward: its gradient is exactly zero, and when a policy collapses (every group scores
-alike) or a replay batch holds such rows, that backward was most of the update's time.
+skips its backward: its gradient is exactly zero. Under the batch whitening that happens when no
+group of the batch has signal (a collapsed policy), where those backwards were most of the update.
 """
 from __future__ import annotations
 
