@@ -172,3 +172,19 @@ def test_skipping_the_backward_of_silent_micro_batches_changes_no_weight(batch, 
                 assert torch.equal(a[k], b[k]), k
             else:
                 assert a[k] == b[k], k
+
+
+def test_an_update_of_no_rows_runs_with_the_skip_on(batch):
+    """Zero rows (no micro-batch to skip or keep) step as with the skip off: loss 0, no error.
+    Checked once: marking the last of no micro-batches as not silent raises here."""
+    cfg, state, ep = batch
+    out = []
+    for skip in (False, True):
+        c = config.load("tiny", None, {"train.sft_steps": 0, "algo.skip_zero_adv": skip})
+        model, _, _ = load_policy(c, torch.device("cpu"))
+        model.load_state_dict(state)
+        empty = torch.zeros((0, ep.tokens.shape[1]), dtype=ep.tokens.dtype)
+        none = torch.zeros((0, ep.mask.shape[1]), dtype=ep.mask.dtype)
+        st = Policy(model, c, torch.device("cpu")).update(empty, none, torch.zeros(none.shape), torch.zeros(none.shape))
+        out.append((st["loss"], st["grad_norm"], st["tokens"]))
+    assert out[0] == out[1] == (0.0, 0.0, 0)

@@ -191,7 +191,7 @@ class Policy:
         pad = count * a.micro_batch - live.shape[0]
         live = torch.cat([live, live.new_ones(pad)]).view(count, a.micro_batch).any(1)
         silent = (~live).tolist()
-        if all(silent):
+        if silent and all(silent):  # (no micro-batch at all: an update of no rows stays as it was)
             silent[-1] = False
         return silent
 
