@@ -11,6 +11,13 @@ step count:
 - On CUDA the fused Triton kernel scans the keys in place (freshper.kernels.sampler).
 - `sampler="scan"` forces the torch reference scan and `"triton"` the kernel on any device
   (interpreted on CPU under TRITON_INTERPRET=1); the tests compare all three.
+- `sync_free` (on for CUDA buffers): add, sample and update_priorities never make the host wait
+  for the device. The slot writes run as one kernel (freshper.kernels.slot_write) with "last
+  index wins" and no `unique`; the next slot, the number of live slots and the running maximum
+  priority live in device tensors; bad device-side input sets an error word instead of raising
+  and the call writes nothing. `check()` reads that word at a sync the caller makes anyway and
+  raises, naming the argument. Input given on the host (lists, CPU tensors for a CUDA buffer) is
+  still checked on the host, before it is copied, and raises at once.
 
 Every public method validates all of its input before it changes any state.
 """
@@ -48,6 +55,8 @@ EVICTIONS = ("fifo", "stalest")
 # maximum until it is sampled (standard PER), or at the maximum until the step advances.
 INSERTS = ("own", "max", "max-one-step")
 SAMPLERS = ("auto", "tree", "scan", "triton")
+_ERRORS = {1: ("priority", "must be finite and >= 0"), 2: ("priority", "+ eps must be > 0 (a priority 0 with eps=0)"),
+           4: ("indices", "must lie in [0, capacity)"), 8: ("indices", "must point at live slots")}
 _REBASE_UP = 100.0  # nats a new key may sit above `ref` before the tree is rebuilt
 _REBASE_TOTAL = 1e-100  # tree totals below this are rebuilt against the current max key
 
@@ -127,12 +136,16 @@ class ReplayBuffer:
         insert: where new trajectories enter: "own" (their priority), "max" (the running
             maximum until replayed: standard PER) or "max-one-step" (the maximum until the
             step advances: the authors' FreshPER arm).
+        sync_free: no host synchronisation in add / sample / update_priorities (see the module
+            docstring; errors in device-side input raise at `check()`); None: on for CUDA.
+            Needs sampler "scan" or "triton" and, for add, eviction "fifo".
     """
 
     def __init__(self, capacity: int, *, mode: str = "freshper", alpha: float = 0.6,
                  beta: float | Callable[[int], float] = 0.4, tau: float = 500.0, eps: float = 1e-6,
                  eviction: str = "fifo", device: str | torch.device = "cpu", seed: int = 0,
-                 fields: dict | None = None, sampler: str = "auto", insert: str = "own"):
+                 fields: dict | None = None, sampler: str = "auto", insert: str = "own",
+                 sync_free: bool | None = None):
         if not _is_int(capacity) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         if mode not in MODES:
@@ -160,6 +173,12 @@ class ReplayBuffer:
                 "tree" if self.device.type == "cpu" else "scan")
         if sampler == "tree" and self.device.type != "cpu":
             raise ValueError(f"sampler='tree' needs device='cpu', got device={self.device}")
+        if sync_free not in (None, True, False):
+            raise ValueError(f"sync_free must be None, True or False, got {sync_free!r}")
+        sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        if sync_free and sampler == "tree":
+            raise ValueError("sync_free=True needs sampler 'scan' or 'triton' (the tree is a host structure)")
+        self.sync_free = sync_free
         self.capacity, self.mode, self.alpha, self.tau, self.eps = capacity, mode, float(alpha), float(tau), float(eps)
         self.beta, self.eviction, self.seed, self.sampler = beta, eviction, seed, sampler
         self.insert = insert
@@ -176,6 +195,14 @@ class ReplayBuffer:
         self._boost_step: int | None = None
         self._boost_slots = torch.zeros(0, dtype=torch.int64, device=d)  # the boosted step's inserts
         self._fields: dict[str, torch.Tensor] = {}
+        # device-resident counters (read on the host only when asked: len(), checkpoints)
+        self._size_t = torch.zeros(1, dtype=torch.int64, device=d)
+        self._next_t = torch.zeros(1, dtype=torch.int64, device=d)
+        self._max_p_t = torch.ones(1, dtype=torch.float64, device=d)
+        self._err = torch.zeros(1, dtype=torch.int32, device=d)
+        self._scratch = torch.full((capacity,), -1, dtype=torch.int64, device=d) if sync_free else None
+        self._cfg = torch.tensor([float(alpha), float(eps), float(tau)], dtype=torch.float64).to(d)
+        self._maybe_live = False  # host-known: whether any slot may be live (sync-free sampling)
         self._size = 0
         self._next = 0  # FIFO write position
         self._added = 0  # trajectories ever added
@@ -190,6 +217,70 @@ class ReplayBuffer:
         self._bind_views()
         if fields:
             self._declare({k: (tuple(s), dt) for k, (s, dt) in fields.items()})
+
+    # ----------------------------------------------------- counters: host ints, or device tensors
+    @property
+    def _size(self) -> int:
+        return int(self._size_t) if self.sync_free else self._size_h
+
+    @_size.setter
+    def _size(self, v: int) -> None:
+        if self.sync_free:
+            self._size_t.fill_(v)
+        else:
+            self._size_h = v
+        self._maybe_live = v > 0
+
+    @property
+    def _next(self) -> int:
+        return int(self._next_t) if self.sync_free else self._next_h
+
+    @_next.setter
+    def _next(self, v: int) -> None:
+        if self.sync_free:
+            self._next_t.fill_(v)
+        else:
+            self._next_h = v
+
+    @property
+    def _max_priority(self) -> float:
+        return float(self._max_p_t) if self.sync_free else self._max_h
+
+    @_max_priority.setter
+    def _max_priority(self, v: float) -> None:
+        if self.sync_free:
+            self._max_p_t.fill_(v)
+        else:
+            self._max_h = v
+
+    def check(self) -> None:
+        """Raise ValueError for bad input that a sync-free call took on the device, naming the
+        argument; the calls that carried it wrote nothing. One host read of a 4-byte word: call
+        it where the trainer synchronises anyway (after an update). A no-op otherwise."""
+        if not self.sync_free:
+            return
+        code = int(self._err)
+        if code:
+            self._err.zero_()
+            what = "; ".join(f"{arg} {msg}" for bit, (arg, msg) in _ERRORS.items() if code & bit)
+            raise ValueError(f"bad input to an earlier add / update_priorities (it wrote nothing): {what}")
+
+    def _device_write(self, slots, p, *, step=None, need_live=False, active=None, set_own=True, boosted=False,
+                      raise_max=True, at=None) -> None:
+        from freshper.kernels.slot_write import write_slots, write_slots_reference, write_slots_triton
+
+        state = {"log_base": self._log_base, "birth": self._birth, "live": self._live, "keys": self._keys,
+                 "own": self._own, "boosted": self._boosted, "scratch": self._scratch, "err": self._err,
+                 "max_p": self._max_p_t, "size": self._size_t, "cfg": self._cfg}
+        fn = write_slots_triton if self.sampler == "triton" and slots.device.type == "cpu" else (
+            write_slots_reference if self.sampler == "scan" else write_slots)
+        fn(state, slots, p, mode=self.mode, alpha=self.alpha, eps=self.eps, tau=self.tau,
+           zero_ok=self.mode == "uniform" or self.eps != 0, step=step, need_live=need_live, active=active,
+           set_own=set_own, boosted=boosted, raise_max=raise_max, at=at)
+
+    def _device_input(self, x) -> bool:
+        """Whether a sync-free buffer takes `x` as it is and validates it on the device."""
+        return self.sync_free and isinstance(x, torch.Tensor) and x.device == self.device
 
     # ----------------------------------------------------------------------------- validation
     @staticmethod
@@ -206,23 +297,27 @@ class ReplayBuffer:
 
     def _check_priority(self, priority, n: int | None) -> tuple[torch.Tensor, float]:
         """(priority as a (B,) float64 tensor on the device, its largest entry), or an error."""
-        p = torch.as_tensor(priority).detach().to(self.device, torch.float64)
+        src = torch.as_tensor(priority).detach()
+        # host input is checked on the host, before it is copied; device input of a sync-free buffer on the device
+        p = src.to(self.device if self._device_input(priority) or not self.sync_free else "cpu", torch.float64)
         if p.dim() != 1 or p.numel() == 0:
             raise ValueError(f"priority must be a non-empty 1-D sequence (B,), got shape {tuple(p.shape)}")
         if n is not None and p.numel() != n:
             raise ValueError(f"priority has {p.numel()} entries, expected {n} (one per index)")
+        if self._device_input(priority):
+            return p, None  # checked by the write kernel; errors at check()
         zero_ok = self.mode == "uniform" or self.eps != 0
         if self._st is not None:  # one compiled pass; the passes below only word a refusal
             code, pmax = self._st.check_priorities(p.numpy(), zero_ok)
             if code == 0:
                 return p, pmax
-        x, xp = (p.numpy(), np) if self.device.type == "cpu" else (p, torch)  # numpy: ~1 us a check
+        x, xp = (p.numpy(), np) if p.device.type == "cpu" else (p, torch)  # numpy: ~1 us a check
         bad = ~xp.isfinite(x) | (x < 0)
         if bool(bad.any()):
             raise ValueError(f"priority must be finite and >= 0; got {x[bad][:4].tolist()}")
         if not zero_ok and bool((x == 0).any()):
             raise ValueError("priority + eps must be > 0; got priority 0 with eps=0")
-        return p, float(x.max())
+        return p.to(self.device), float(x.max())
 
     def _declare(self, spec: dict) -> None:
         for name, (shape, dtype) in spec.items():
@@ -253,6 +348,14 @@ class ReplayBuffer:
         if idx.dim() != 1 or idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
             raise ValueError(f"indices must be a non-empty 1-D integer tensor, "
                              f"got {idx.dtype} of shape {tuple(idx.shape)}")
+        if self._device_input(indices):
+            return idx.to(torch.int64)  # checked by the write kernel; errors at check()
+        if self.sync_free:  # host input: checked here, against the live flags the device holds
+            idx = idx.to("cpu", torch.int64)
+            out = (idx < 0) | (idx >= self.capacity)
+            if bool(out.any()):
+                raise ValueError(f"indices must lie in [0, {self.capacity}), got {idx[out][:4].tolist()}")
+            return idx.to(self.device)  # liveness: checked by the write kernel (ERR_EMPTY), at check()
         idx = idx.to(self.device, torch.int64)
         if self._st is not None and self._st.check_indices(idx.numpy(), self._np_live, self.capacity) == 0:
             return idx
@@ -318,6 +421,8 @@ class ReplayBuffer:
 
     def _choose_slots(self, n: int) -> torch.Tensor:
         if self.eviction == "fifo":
+            if self.sync_free:
+                return (self._next_t + torch.arange(n, device=self.device)) % self.capacity
             if self.device.type == "cpu":
                 return torch.from_numpy((self._next + np.arange(n)) % self.capacity)
             return (self._next + torch.arange(n, device=self.device)) % self.capacity
@@ -366,7 +471,9 @@ class ReplayBuffer:
             if len(sizes) != 1:
                 raise ValueError("priority=None needs fields with one leading batch size to know how many to add, "
                                  f"got sizes {sorted(sizes)}")
-            own = torch.full((sizes.pop(),), self._max_priority, dtype=torch.float64, device=self.device)
+            n = sizes.pop()
+            own = self._max_p_t.expand(n).clone() if self.sync_free else \
+                torch.full((n,), self._max_priority, dtype=torch.float64, device=self.device)
         else:
             own, own_max = self._check_priority(priority, None)
         n = own.numel()
@@ -376,8 +483,12 @@ class ReplayBuffer:
         self._check_fields(fields, n)
         if not self._fields:
             self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
+        if self.sync_free and self.eviction != "fifo":
+            raise ValueError("a sync_free buffer adds with eviction='fifo' only (stalest eviction reads the keys)")
         self._expire_boost(step)
         at_max = priority is None or self.insert != "own"
+        if self.sync_free:
+            return self._add_on_device(own, at_max, step, fields)
         if not at_max:
             self._max_priority = max(self._max_priority, own_max)
         p = torch.full_like(own, self._max_priority) if at_max else own
@@ -401,6 +512,28 @@ class ReplayBuffer:
         self._step = step
         return slots
 
+    def _add_on_device(self, own, at_max: bool, step: int, fields: dict) -> torch.Tensor:
+        """`add` with no host sync: one write kernel, then the fields; the counters on the device."""
+        n = own.numel()
+        slots = self._choose_slots(n)
+        boost = self.insert == "max-one-step"
+        self._device_write(slots, own, step=step, boosted=boost, raise_max=not at_max,
+                           at=self._max_p_t.clone() if at_max else None)
+        if boost:
+            same = self._boost_step == step
+            self._boost_slots = torch.cat([self._boost_slots, slots]) if same else slots
+            self._boost_step = step
+        ok = self._err == 0  # a rejected add writes no field either
+        for name, t in fields.items():
+            dst = self._fields[name]
+            t = t.to(self.device)
+            dst.index_copy_(0, slots, torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, dst[slots]))
+        self._next_t.add_(n).remainder_(self.capacity)
+        self._added += n
+        self._step = step
+        self._maybe_live = True
+        return slots
+
     def _expire_boost(self, step: int) -> None:
         """insert="max-one-step": once the step moves past the inserts' step, the slots still at
         the maximum get their own priority back. Only those slots are touched (no O(N) refresh);
@@ -408,6 +541,12 @@ class ReplayBuffer:
         if self._boost_step is None or step <= self._boost_step:
             return
         self._boost_step = None
+        if self.sync_free:  # every boost slot, those no longer boosted inactive: no boolean index
+            slots = self._boost_slots
+            self._boost_slots = self._boost_slots[:0]
+            if slots.numel():
+                self._device_write(slots, self._own[slots], active=self._boosted[slots], raise_max=False)
+            return
         slots = self._boost_slots[self._boosted[self._boost_slots]]  # not since replayed or overwritten
         self._boost_slots = self._boost_slots[:0]
         if slots.numel():
@@ -450,7 +589,7 @@ class ReplayBuffer:
         """
         if not _is_int(batch_size) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if self._size == 0:
+        if not self._maybe_live if self.sync_free else self._size == 0:
             raise ValueError("cannot sample from an empty buffer; add() first")
         step, beta = self._advance(step)
 
@@ -536,6 +675,11 @@ class ReplayBuffer:
         if step is not None:
             step = self._check_step(step)
             self._expire_boost(step)
+        if self.sync_free:
+            self._device_write(idx, p, step=step, need_live=True)
+            if step is not None:
+                self._step = step
+            return
         self._max_priority = max(self._max_priority, pmax)
         self._write(idx, p, step)
         if self._tree is not None:  # CPU: one compiled loop in order, as _write's

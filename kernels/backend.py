@@ -10,16 +10,34 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import threading
 
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # macOS, Windows: the torch reference serves
+_LAUNCH = threading.local()
+
+
+def in_launch() -> bool:
+    """Whether this thread is inside `launch_range` (a Triton launch): freshper.profiling's host
+    sync counter ignores what the interpreter does there, which a compiled launch does not do."""
+    return getattr(_LAUNCH, "depth", 0) > 0
 
 
 @contextlib.contextmanager
 def launch_range(name: str):
     """A named range around a kernel launch: a torch.profiler label, and an NVTX range when CUDA
     is in use (torch's own NVTX binding; kernels import nothing from freshper.profiling)."""
+    _LAUNCH.depth = getattr(_LAUNCH, "depth", 0) + 1
+    try:
+        with _named(name):
+            yield
+    finally:
+        _LAUNCH.depth -= 1
+
+
+@contextlib.contextmanager
+def _named(name: str):
     with torch.profiler.record_function(name):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.nvtx.range_push(name)

@@ -1,207 +1,238 @@
-"""The policy loss fused with the LM head: log-probs of the taken tokens without the logits.
+"""The policy loss fused with the LM head: three head GEMMs, one chunk of logits, no host sync.
 
 At V = 151,936 and 16k tokens the (tokens, V) logits are 10 GB in float32, several times over
-once log_softmax and its gradient exist. Here the head is applied to tiles of `chunk_size`
-tokens by `vocab_chunk` vocabulary rows; an online logsumexp over the vocabulary chunks gives
-log pi(y_t) = z_ty - logsumexp_v(z_tv), z = h W^T, for each unmasked token (masked ones are not
-computed at all). Backward recomputes each tile from the saved logsumexp:
+once log_softmax and its gradient exist. Here the active (unmasked) tokens are taken in chunks;
+for each chunk
 
-    d loss / d z_tv = g_t (1[v = y_t] - p_tv)       g_t = d loss / d logp_t
-    d loss / d h = (d loss / d z) W                  d loss / d W = (d loss / d z)^T h
+    1. cuBLAS writes the chunk's logits z = h W^T into one reused buffer (GEMM 1);
+    2. one row kernel (freshper.kernels.logit_rows) computes in float32 the logsumexp, the
+       target's log-prob, the token's policy term and its derivative, and overwrites the row with
+       d loss / d z = coef * dl * (1[v = y] - p);
+    3. grad_hidden = d W (GEMM 2) and grad_weight += d^T h (GEMM 3), in the forward.
 
-Numerics follow eager bf16 autograd (bf16 logits -> float32 log_softmax): each tile's product
-runs in the inputs' dtype (tensor cores), is upcast once, and both the target logit and the
-logsumexp come from that same upcast tile, so log pi <= 0 always. The factor (1[v = y] - p) is
-formed in float32 inside the tile before the cast for the two backward matmuls: for a confident
-token (p ~ 1) a separate one-hot term would cancel against a bf16-rounded p and leave noise.
+The backward only scales the stored gradients by the incoming one. That is three GEMMs of
+2 n H V FLOPs each against eager autograd's three, where recomputing the logits in the backward
+would take a fourth. It works because every token's loss depends on its own log-prob alone, with
+a row coefficient fixed by the mask (policy_loss.py); GSPO's sequence-level ratio couples a
+row's tokens, so it takes two passes (log-probs, then the loss's gradient, then the chunks again:
+four GEMMs).
 
-Memory: the vocabulary loop is outside the token loop in backward, so each vocabulary chunk's
-weight gradient is finished in a (vocab_chunk, H) float32 accumulator and written once in the
-weight's dtype; no full-size float32 copy of the weight gradient exists, and no index_add_ (whose
-CUDA atomics are nondeterministic) is needed. Peak extra memory is the gradients themselves plus
-one float32 tile. A frozen head (or hidden states) skips its gradient entirely.
-The policy-loss part is freshper.kernels.policy_loss (its Triton kernel on CUDA).
+Numerics follow eager bf16 autograd: logits rounded to the inputs' dtype by the GEMM,
+log-softmax and its gradient in float32, the gradient rounded once to the inputs' dtype before
+the two backward GEMMs. grad_weight accumulates over chunks in the weight's dtype (one rounding
+per chunk) or, with `accum_dtype=torch.float32`, in a float32 buffer rounded once at the end
+(eager's single rounding, at 4 V H bytes more).
+
+Host synchronisation: none when the caller passes `n_active` (the trainer knows it from the one
+sync a micro-batch already has) and `check=False`. Otherwise one read of the mask's sum and, with
+`check`, the targets' range: a host-side check names bad targets. Without it a target outside
+[0, V) gives a NaN log-prob and loss.
 """
 from __future__ import annotations
 
 import torch
 
-from .policy_loss import _STATS, loss_and_grad
+from .logit_rows import rows
+from .policy_loss import _STATS, _row_coef, check_inputs, loss_and_grad
 
-_MM_OUT_DTYPE: bool | None = None  # whether torch.mm(..., out_dtype=float32) runs on this CUDA build
-
-
-def _vocab_chunks(v: int, vocab_chunk: int):
-    return [(s, min(s + vocab_chunk, v)) for s in range(0, v, vocab_chunk)]
-
-
-def default_chunks(n_tokens: int, vocab: int, hidden: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(chunk_size, vocab_chunk): 1,024 tokens, and the largest power-of-two vocabulary chunk
-    whose float32 tile stays within 1/8 of the weight gradient (at least 1,024 rows), so the
-    tile never dominates peak memory and the GPU still gets large matmuls (few launches)."""
-    chunk = max(1, min(1024, n_tokens))
-    budget = vocab * hidden * torch.finfo(dtype).bits // 8 // 8  # bytes: 1/8 of the weight gradient
-    rows = max(1024, budget // (4 * chunk))
-    vc = 1 << (rows.bit_length() - 1)
-    return chunk, min(vc, vocab)
+_MM_OUT_DTYPE: bool | None = None  # whether torch.addmm(..., out_dtype=float32) runs on this CUDA build
+# Bytes of the reused logits buffer, by default. On a GPU large chunks keep the GEMMs efficient and
+# the launches few (256 MiB: 880 tokens at V = 151,936 in bf16); the CPU reference also makes
+# float32 temporaries of a chunk, and its GEMMs are efficient at a few hundred rows already.
+LOGITS_BUDGET = {"cuda": 256 * 2**20, "cpu": 32 * 2**20}
 
 
-def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b as float32 from operands in the weight's dtype. On CUDA a bf16/fp16 product
-    accumulates straight into float32 output (no rounding of each partial to bf16); elsewhere
-    the same arithmetic is emulated by upcasting the operands, which are exact in float32."""
+def default_chunk(n_tokens: int, vocab: int, dtype: torch.dtype, device: str | torch.device = "cuda",
+                  budget: int | None = None) -> int:
+    """Tokens per chunk: as many as fit `budget` bytes (None: LOGITS_BUDGET for the device type)
+    of (chunk, vocab) logits in `dtype` (a multiple of 64 above 64, for the GEMMs), at most
+    `n_tokens`, at least 1."""
+    kind = torch.device(device).type
+    budget = budget or LOGITS_BUDGET.get(kind, LOGITS_BUDGET["cuda"])
+    rows_ = max(1, budget // (vocab * torch.finfo(dtype).bits // 8))
+    if rows_ > 64:
+        rows_ -= rows_ % 64
+    return max(1, min(rows_, n_tokens))
+
+
+def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b with acc float32 and a, b in a low-precision dtype, products accumulated in
+    float32 (cuBLAS's out_dtype where this torch has it; exact upcasts elsewhere)."""
     global _MM_OUT_DTYPE
-    if a.dtype in (torch.float32, torch.float64):
-        return a @ b
     if a.is_cuda and _MM_OUT_DTYPE is not False:
         try:
-            out = torch.mm(a, b, out_dtype=torch.float32)
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
             _MM_OUT_DTYPE = True
-            return out
+            return
         except (RuntimeError, TypeError):
-            _MM_OUT_DTYPE = False  # a torch without mm(out_dtype=): upcast instead
-    return a.float() @ b.float()
+            _MM_OUT_DTYPE = False
+    torch.addmm(acc, a.float(), b.float(), out=acc)
 
 
-def _tile_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(n, vc) float32 logits of one tile, computed in the inputs' dtype as eager does."""
-    return (h @ w.T).float()
+def _active(mask: torch.Tensor, n_active: int | None) -> torch.Tensor:
+    """Flat positions (n_active,) of the mask's non-zero entries, in order, without a host sync
+    when n_active is given."""
+    flat = mask.reshape(-1) != 0
+    if n_active is None:
+        return flat.nonzero().squeeze(1)
+    return torch.nonzero_static(flat, size=n_active).squeeze(1)
 
 
-@torch.no_grad()
-def _excluded(exclude: torch.Tensor | None, v0: int, v1: int):
-    """Columns of the tile [v0, v1) that `exclude` removes from the softmax (None: none)."""
-    if exclude is None:
+def _per_token(t, active, shape, dtype=torch.float32):
+    if t is None:
         return None
-    cols = exclude[(exclude >= v0) & (exclude < v1)] - v0
-    return cols if cols.numel() else None
+    if t.dim() == 1:  # (B,): one value per sequence
+        t = t[:, None].expand(shape)
+    return t.reshape(-1).index_select(0, active).to(dtype)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                   chunk_size: int | None = None, vocab_chunk: int | None = None,
-                   exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk_size: int | None = None, exclude: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target) and logsumexp of the logits, both (N,) float32, for hidden (N, H),
-    weight (V, H), targets (N,) int64, never holding more than one (chunk_size, vocab_chunk) tile
-    of logits. log pi is <= 0 exactly: the target logit is read from the same tile as the lse.
+    weight (V, H), targets (N,) int64, never holding more than one (chunk_size, V) buffer of
+    logits; one GEMM. log pi <= 0 exactly: the target logit is read from the same row as the lse.
     `exclude` (int64 vocabulary ids): tokens the sampler never draws (an engine's suppressed
     tokens), taken out of the softmax as -inf logits, so pi is the distribution sampled from."""
+    n, V = hidden.shape[0], weight.shape[0]
+    chunk_size = chunk_size or default_chunk(n, V, weight.dtype, hidden.device)
     if exclude is not None:
         exclude = exclude.to(hidden.device)
-    n = hidden.shape[0]
-    dc, dv = default_chunks(n, weight.shape[0], weight.shape[1], weight.dtype)
-    chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    chunks = _vocab_chunks(weight.shape[0], vocab_chunk)
+    buf = torch.empty((min(chunk_size, n), V), dtype=weight.dtype, device=hidden.device)
     for s in range(0, n, chunk_size):
-        h, y = hidden[s:s + chunk_size], targets[s:s + chunk_size]
-        run_max = torch.full((h.shape[0],), -float("inf"), dtype=torch.float32, device=h.device)
-        run_sum = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
-        target_logit = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
-        for v0, v1 in chunks:
-            z = _tile_logits(h, weight[v0:v1])
-            cols = _excluded(exclude, v0, v1)
-            if cols is not None:
-                z[:, cols] = -float("inf")
-            inside = (y >= v0) & (y < v1)
-            picked = z.gather(1, (y - v0).clamp(0, v1 - v0 - 1)[:, None])[:, 0]
-            target_logit = torch.where(inside, picked, target_logit)
-            new_max = torch.maximum(run_max, z.max(dim=1).values)
-            run_sum = run_sum * torch.exp(run_max - new_max) + z.sub_(new_max[:, None]).exp_().sum(dim=1)
-            run_max = new_max
-        # run_sum >= 1 (the maximum's own term), so lse >= run_max >= target_logit.
-        lse[s:s + chunk_size] = run_max + torch.log(run_sum)
-        logp[s:s + chunk_size] = target_logit - lse[s:s + chunk_size]
+        e = min(s + chunk_size, n)
+        z = torch.mm(hidden[s:e], weight.T, out=buf[:e - s])
+        if exclude is not None:
+            z.index_fill_(1, exclude, -float("inf"))
+        logp[s:e], lse[s:e], _ = rows(z, targets[s:e], mode="logp")
     return logp, lse
-
-
-def _dlogits(h, w, y, lse, g, v0, cols=None) -> torch.Tensor:
-    """d loss / d z for one tile, (n, vc) float32: g (1[v = y] - p), formed in float32; p = 0 at
-    the excluded columns `cols`."""
-    d = _tile_logits(h, w).sub_(lse[:, None]).exp_().mul_(-g[:, None])  # -g p
-    if cols is not None:
-        d[:, cols] = 0.0
-    rows = ((y >= v0) & (y < v0 + w.shape[0])).nonzero().squeeze(1)
-    d[rows, y[rows] - v0] += g[rows]  # at most one target per row: no duplicate writes
-    return d
 
 
 class _FusedLinearPolicyLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, old_logp, advantages, mask, weights, kw, chunk_size, vocab_chunk,
-                exclude):
+    def forward(ctx, hidden, weight, targets, old_logp, advantages, mask, weights, kw, opts):
         B, T, H = hidden.shape
-        active = mask.reshape(-1).nonzero().squeeze(1)
+        V = weight.shape[0]
+        need_h, need_w = opts["need"]
+        active = _active(mask, opts["n_active"])
+        n = active.numel()
+        dev, dt = hidden.device, weight.dtype
         h = hidden.reshape(-1, H).index_select(0, active)
         y = targets.reshape(-1).index_select(0, active)
-        dc, dv = default_chunks(active.numel(), weight.shape[0], H, weight.dtype)
-        chunk_size, vocab_chunk = chunk_size or dc, vocab_chunk or dv
-        logp_a, lse = token_logprobs(h, weight, y, chunk_size=chunk_size, vocab_chunk=vocab_chunk, exclude=exclude)
-        del h
-        logp = torch.zeros(B * T, dtype=torch.float32, device=hidden.device)
-        logp[active] = logp_a
-        if old_logp is None:  # the old policy is these weights: the ratio is exactly 1
-            old_logp = logp.view(B, T)
-        loss, dlogp, stats = loss_and_grad(logp.view(B, T), old_logp, advantages, mask, weights, **kw)
-        ctx.save_for_backward(hidden, weight, targets, active, lse, dlogp)
-        ctx.chunks = (chunk_size, vocab_chunk)
-        ctx.exclude = exclude
-        outs = [stats[k] for k in _STATS] + [logp.view(B, T)]
+        chunk = opts["chunk_size"] or default_chunk(n, V, dt, dev)
+        exclude = opts["exclude"]
+        m = mask.reshape(B, T).to(torch.float32)
+        coef = _row_coef(m.sum(1), kw["agg"])  # d loss / d (row's sum of token terms), from the mask
+        sequence = kw["ratio_level"] == "sequence"
+        tok = dict(adv=_per_token(advantages, active, (B, T)),
+                   scale=_per_token(weights, active, (B, T)) if weights is not None else
+                   torch.ones(n, dtype=torch.float32, device=dev),
+                   coef=_per_token(coef, active, (B, T)),
+                   old=_per_token(old_logp, active, (B, T)),
+                   ref=_per_token(kw["ref_logp"], active, (B, T)) if kw["kl_coef"] > 0 else None,
+                   tis=_per_token(kw["tis_logp"], active, (B, T)))
+        grad = need_h or need_w
+        grad_h = torch.empty((n, H), dtype=dt, device=dev) if need_h else None
+        acc_dt = opts["accum_dtype"] or dt
+        grad_w = torch.zeros((V, H), dtype=acc_dt, device=dev) if need_w else None
+        logp_a = torch.empty(n, dtype=torch.float32, device=dev)
+        terms = torch.empty((n, 4), dtype=torch.float32, device=dev)
+        g = None
+        if sequence:  # the loss couples a row's tokens: log-probs first, then its gradient
+            logp_a, lse_a = token_logprobs(h, weight, y, chunk_size=chunk, exclude=exclude)
+            full = torch.zeros(B * T, dtype=torch.float32, device=dev).index_copy_(0, active, logp_a)
+            old = full.view(B, T) if old_logp is None else old_logp
+            loss, dlogp, stats = loss_and_grad(full.view(B, T), old, advantages, mask, weights, **kw)
+            g = dlogp.reshape(-1).index_select(0, active).float()
+        buf = torch.empty((min(chunk, n), V), dtype=dt, device=dev)
+        if not sequence or grad:
+            row_kw = dict(clip_low=kw["clip_low"], clip_high=kw["clip_high"], kl_coef=kw["kl_coef"],
+                          tis_cap=kw["tis_cap"], cispo=kw["loss"] == "cispo")
+            for s in range(0, n, chunk):
+                e = min(s + chunk, n)
+                z = torch.mm(h[s:e], weight.T, out=buf[:e - s])  # GEMM 1 (2 in a two-pass loss)
+                if exclude is not None:
+                    z.index_fill_(1, exclude, -float("inf"))
+                if sequence:
+                    rows(z, y[s:e], mode="given", g=g[s:e], lse=lse_a[s:e])
+                else:
+                    part = {k: (v[s:e] if v is not None else None) for k, v in tok.items()}
+                    lp, _, te = rows(z, y[s:e], mode="loss" if grad else "logp", **part, **row_kw)
+                    logp_a[s:e] = lp
+                    if te is None:  # no gradient wanted: the terms alone
+                        te = _terms_only(lp, part, row_kw)
+                    terms[s:e] = te
+                if need_h:
+                    torch.mm(z, weight, out=grad_h[s:e])  # GEMM 2
+                if need_w:
+                    if acc_dt == dt:
+                        torch.addmm(grad_w, z.T, h[s:e], out=grad_w)  # GEMM 3
+                    else:
+                        _addmm_f32(grad_w, z.T, h[s:e])
+        if not sequence:
+            loss = (terms[:, 0] * tok["coef"]).sum()
+            tokens = m.sum()
+            denom = tokens.clamp_min(1.0)
+            stats = {"clip_frac": terms[:, 1].sum() / denom, "ratio_mean": terms[:, 2].sum() / denom,
+                     "kl_mean": terms[:, 3].sum() / denom, "tokens": tokens}
+        logp = torch.zeros(B * T, dtype=torch.float32, device=dev).index_copy_(0, active, logp_a).view(B, T)
+        if need_h:
+            full_h = torch.zeros((B * T, H), dtype=hidden.dtype, device=dev)
+            full_h.index_copy_(0, active, grad_h.to(hidden.dtype))
+            grad_h = full_h.view(B, T, H)
+        if need_w and acc_dt != dt:
+            grad_w = grad_w.to(dt)
+        ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
+        ctx.need = (need_h, need_w)
+        ctx.done = False
+        outs = [stats[k] for k in _STATS] + [logp]
         ctx.mark_non_differentiable(*outs)
         return (loss.float(), *outs)
 
     @staticmethod
     def backward(ctx, grad_out, *unused):
-        hidden, weight, targets, active, lse, dlogp = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        chunk_size, vocab_chunk = ctx.chunks
-        B, T, H = hidden.shape
-        dt = weight.dtype
-        g = dlogp.reshape(-1).index_select(0, active).float() * grad_out.float()
-        h_all = hidden.reshape(-1, H).index_select(0, active)
-        y_all = targets.reshape(-1).index_select(0, active)
-        n = active.numel()
-        grad_h = torch.zeros(n, H, dtype=torch.float32, device=hidden.device) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
-        for v0, v1 in _vocab_chunks(weight.shape[0], vocab_chunk):
-            w = weight[v0:v1]
-            # float32 accumulator for this chunk only; float32 weights accumulate in place.
-            gw = (grad_w[v0:v1] if dt == torch.float32 else torch.zeros(v1 - v0, H, dtype=torch.float32,
-                                                                          device=weight.device)) if need_w else None
-            for s in range(0, n, chunk_size):
-                e = min(s + chunk_size, n)
-                h = h_all[s:e]
-                d = _dlogits(h, w, y_all[s:e], lse[s:e], g[s:e], v0, _excluded(ctx.exclude, v0, v1))
-                dc = d if dt == torch.float32 else d.to(dt)
-                del d
-                if need_h:
-                    grad_h[s:e] += _mm_f32(dc, w)
-                if need_w:
-                    gw += _mm_f32(dc.T, h)
-            if need_w and dt != torch.float32:
-                grad_w[v0:v1] = gw
-        grad_hidden = None
-        if need_h:
-            grad_hidden = torch.zeros(B * T, H, dtype=hidden.dtype, device=hidden.device)
-            grad_hidden[active] = grad_h.to(hidden.dtype)
-            grad_hidden = grad_hidden.view(B, T, H)
-        return (grad_hidden, grad_w, None, None, None, None, None, None, None, None, None)
+        if ctx.done:
+            raise RuntimeError("fused_linear_policy_loss: a second backward through the same forward; its "
+                               "gradients were formed in the forward and scaled in place by the first")
+        ctx.done = True
+        saved = list(ctx.saved_tensors)
+        need_h, need_w = ctx.need
+        # scaled in place: a copy would add a (V, H) tensor to the peak; a 0-d grad_out keeps bf16 bf16
+        gh = saved.pop(0).mul_(grad_out) if need_h else None
+        gw = saved.pop(0).mul_(grad_out) if need_w else None
+        return (gh, gw, None, None, None, None, None, None, None)
+
+
+def _terms_only(lp, part, row_kw):
+    from .logit_rows import token_terms
+
+    loss, _, active, ratio, kl = token_terms(lp, part["old"], part["adv"], part["scale"],
+                                             clip_low=row_kw["clip_low"], clip_high=row_kw["clip_high"],
+                                             kl_coef=row_kw["kl_coef"], ref=part["ref"], tis=part["tis"],
+                                             tis_cap=row_kw["tis_cap"], cispo=row_kw["cispo"])
+    return torch.stack([loss, active, ratio, kl], 1)
 
 
 def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, mask, weights=None, *,
                              clip_low=0.2, clip_high=0.2, agg="token-mean", ref_logp=None, kl_coef=0.0,
                              tis_logp=None, tis_cap=None, loss="clip", ratio_level="token", chunk_size=None,
-                             vocab_chunk=None, return_stats=False, exclude=None):
-    """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed in
-    tiles: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64; the rest as
-    in `policy_loss` (`loss`, `ratio_level` too: the log-probs of whole rows are computed before the
-    loss). Differentiable w.r.t. hidden and lm_weight (each only if it requires grad).
-    chunk_size / vocab_chunk: tile shape in tokens x vocabulary rows; None picks `default_chunks`.
-    With `return_stats`, also a dict of the loss's detached statistics (as `policy_loss`) plus
-    "logp": the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
-    `exclude`: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one.
-    `old_logp` None: the old policy is the current one (the first pass over freshly generated
-    rows), its log-probs those this call computes, detached; stats["logp"] returns them."""
+                             return_stats=False, exclude=None, n_active=None, check=True, accum_dtype=None):
+    """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed
+    chunk by chunk: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64;
+    the rest as in `policy_loss` (`loss`, `ratio_level` too). Differentiable w.r.t. hidden and
+    lm_weight (each only if it requires grad and grad mode is on); the gradients are formed in
+    the forward (see the module docstring).
+
+    chunk_size: active tokens per chunk (None: `default_chunk`: a 256 MiB logits buffer on CUDA).
+    return_stats: also a dict of the loss's detached statistics (as `policy_loss`) plus "logp":
+        the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
+    exclude: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one.
+    old_logp None: the old policy is the current one (ratio 1); stats["logp"] returns them.
+    n_active: the number of non-zero mask entries, if the caller knows it (no host sync).
+    check: check the targets on the host (syncs); off, bad targets give NaN (see the module).
+    accum_dtype: None (the weight's dtype) or torch.float32 for grad_weight across chunks."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
@@ -213,21 +244,32 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
                          f"{tuple(targets.shape)}")
     if tuple(mask.shape) != tuple(hidden.shape[:2]):
         raise ValueError(f"mask must have shape {tuple(hidden.shape[:2])}, got {tuple(mask.shape)}")
-    for name, c in (("chunk_size", chunk_size), ("vocab_chunk", vocab_chunk)):
-        if c is not None and not (isinstance(c, int) and c > 0):
-            raise ValueError(f"{name} must be a positive int or None, got {c!r}")
+    if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if n_active is not None and not (isinstance(n_active, int) and 0 <= n_active <= mask.numel()):
+        raise ValueError(f"n_active must be an int in [0, {mask.numel()}] or None, got {n_active!r}")
+    if accum_dtype not in (None, torch.float32):
+        raise ValueError(f"accum_dtype must be None or torch.float32, got {accum_dtype!r}")
+    check_inputs(torch.empty(hidden.shape[:2], device="meta"), old_logp, advantages, mask, weights, clip_low,
+                 clip_high, agg, ref_logp, kl_coef, tis_logp, tis_cap, loss, ratio_level)
     if exclude is not None:
         exclude = torch.as_tensor(exclude, dtype=torch.int64, device=hidden.device)
-    sel = mask.reshape(-1) != 0
-    if sel.any():
+    if check:
+        sel = mask.reshape(-1) != 0
+        if n_active is not None and int(sel.sum()) != n_active:
+            raise ValueError(f"n_active={n_active} but the mask has {int(sel.sum())} non-zero entries")
         y = targets.reshape(-1)[sel]
-        if int(y.min()) < 0 or int(y.max()) >= lm_weight.shape[0]:
-            raise ValueError(f"targets of unmasked tokens must lie in [0, {lm_weight.shape[0]})")
-        if exclude is not None and bool(torch.isin(y, exclude).any()):
-            raise ValueError("targets of unmasked tokens must not be in exclude (their probability is 0)")
+        if y.numel():
+            if int(y.min()) < 0 or int(y.max()) >= lm_weight.shape[0]:
+                raise ValueError(f"targets of unmasked tokens must lie in [0, {lm_weight.shape[0]})")
+            if exclude is not None and bool(torch.isin(y, exclude).any()):
+                raise ValueError("targets of unmasked tokens must not be in exclude (their probability is 0)")
+    grad_on = torch.is_grad_enabled()
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
               tis_logp=tis_logp, tis_cap=tis_cap, loss=loss, ratio_level=ratio_level)
+    opts = dict(need=(grad_on and hidden.requires_grad, grad_on and lm_weight.requires_grad), n_active=n_active,
+                chunk_size=chunk_size, exclude=exclude, accum_dtype=accum_dtype)
     out, *stats = _FusedLinearPolicyLoss.apply(
         hidden, lm_weight, targets, None if old_logp is None else old_logp.detach(), advantages.detach(), mask,
-        weights.detach() if weights is not None else None, kw, chunk_size, vocab_chunk, exclude)
+        weights.detach() if weights is not None else None, kw, opts)
     return (out, dict(zip((*_STATS, "logp"), stats))) if return_stats else out

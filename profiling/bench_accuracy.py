@@ -24,8 +24,8 @@ def fused_linear_rows():
     print("|---|---|---|---|")
     for kind in ("confident", "unconfident"):
         h, w, y, mask, old, adv = bf16_case(kind, 0)
-        fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=16, vocab_chunk=128)
-        lp, _ = token_logprobs(h.reshape(-1, h.shape[-1]), w, y.reshape(-1), chunk_size=16, vocab_chunk=128)
+        fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=16)
+        lp, _ = token_logprobs(h.reshape(-1, h.shape[-1]), w, y.reshape(-1), chunk_size=16)
         print(f"| {kind} | {rel_l2(fused[0], ref[0]):.4f} / {rel_l2(eag[0], ref[0]):.4f} | "
               f"{rel_l2(fused[1], ref[1]):.4f} / {rel_l2(eag[1], ref[1]):.4f} | "
               f"{int((lp > 0).sum())} of {lp.numel()} |")

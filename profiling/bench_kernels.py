@@ -18,9 +18,9 @@ import math
 import torch
 
 from freshper.kernels import fused_linear_policy_loss, policy_loss, policy_loss_reference
-from freshper.kernels.fused_linear_policy_loss import default_chunks
+from freshper.kernels.fused_linear_policy_loss import default_chunk
 from freshper.kernels.sampler import sample_reference, sample_triton
-from freshper.profiling.timing import median_seconds
+from freshper.profiling.timing import graph_us, median_seconds
 
 VOCAB = 151_936  # Qwen2.5
 
@@ -100,13 +100,13 @@ def bench_cpu(quick: bool):
     _, old, adv, mask, w, _ = _loss_inputs(B, T, "cpu")
     eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
     fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w), hidden, weight)
-    chunk, vchunk = default_chunks(int(mask.sum()), VOCAB, H, weight.dtype)
+    chunk = default_chunk(int(mask.sum()), VOCAB, weight.dtype, "cpu")
     logits_mb = B * T * VOCAB * 4 / 2**20
     grads_mb = (VOCAB * H + B * T * H) * 4 / 2**20  # the gradients that must exist: weight + hidden
     m_eager, m_fused = _peak_extra_cpu_mb(eager), _peak_extra_cpu_mb(fused)
     print("| path | peak extra memory (MiB) | / needed gradients | time (ms) |\n|---|---|---|---|")
     print(f"| eager logits + log_softmax | {m_eager:.0f} | {m_eager / grads_mb:.2f} | {_median_ms(eager, 3):.0f} |")
-    print(f"| fused linear (default tiles {chunk} x {vchunk}) | {m_fused:.0f} | {m_fused / grads_mb:.2f} | "
+    print(f"| fused linear (default chunk {chunk} tokens) | {m_fused:.0f} | {m_fused / grads_mb:.2f} | "
           f"{_median_ms(fused, 3):.0f} |")
     print(f"\nfused / eager peak memory: {m_fused / m_eager:.1%}; needed gradients (weight + hidden): "
           f"{grads_mb:.0f} MiB; one float32 logits tensor: {logits_mb:.0f} MiB")
@@ -143,7 +143,7 @@ def bench_cuda(quick: bool):
         u = torch.rand(256, dtype=torch.float64, device=dev)
         # No host syncs on either side: the live-slot check is the caller's (the buffer knows).
         t_fused = triton.testing.do_bench(lambda: sample_triton(keys, u, 0.4, check_live=False)) * 1e3
-        t_graph = _graph_us(lambda: sample_triton(keys, u, 0.4, check_live=False))
+        t_graph = graph_us(lambda: sample_triton(keys, u, 0.4, check_live=False))
         t_ref = triton.testing.do_bench(lambda: sample_reference(keys, u, 0.4, check_live=False)) * 1e3
         t_buf = _buffer_sample_us(n, dev)
         moved = sampler_bytes(n, 256)
@@ -170,18 +170,23 @@ def bench_cuda(quick: bool):
         print(f"| {B}x{T} | {t_tr:.3f} | {t_eager:.3f} | {comp} | {bytes_moved / (t_tr * 1e-3) / 1e9:.0f} |")
         results[f"loss_speedup_{B}x{T}"] = t_eager / t_tr
 
-    print(f"\n| fused-linear B x T, H, V={VOCAB}, bf16 | fused (ms) | eager (ms) | Liger GRPO (ms) | "
-          f"fused peak (GiB) | eager peak (GiB) | fused/eager memory |")
-    print("|---|---|---|---|---|---|---|")
-    shapes = [(4, 1024, 896)] if quick else [(4, 1024, 896), (4, 2048, 896), (2, 4096, 3584)]
-    for B, T, H in shapes:
+    print("\n| fused-linear B x T, H, V, bf16 | fused (ms) | eager (ms) | fused/eager time | Liger GRPO (ms) | "
+          "CCE loss only (ms) | fused peak (GiB) | eager peak (GiB) | fused/eager memory |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    # Qwen2.5-0.5B's head and SmolLM2's, at the trainer's own chunking (default_chunk), called as the
+    # trainer calls it: the active-token count known, no host-side target check.
+    shapes = [(4, 1024, 896, VOCAB), (4, 1024, 576, 49152)]
+    if not quick:
+        shapes += [(4, 2048, 896, VOCAB), (2, 4096, 3584, VOCAB)]
+    for B, T, H, V in shapes:
         g = torch.Generator(device="cpu").manual_seed(0)
         hidden = torch.randn(B, T, H, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
-        weight = (torch.randn(VOCAB, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16).requires_grad_(True)
-        targets = torch.randint(0, VOCAB, (B, T), generator=g).to(dev)
+        weight = (torch.randn(V, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16).requires_grad_(True)
+        targets = torch.randint(0, V, (B, T), generator=g).to(dev)
         _, old, adv, mask, w, _ = _loss_inputs(B, T, dev)
-        fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w,
-                                                          chunk_size=2048, vocab_chunk=16384), hidden, weight)
+        n_act = int(mask.sum())
+        fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, n_active=n_act,
+                                                          check=False), hidden, weight)
         eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
         peaks = {}
         for label, run in (("fused", fused), ("eager", eager)):
@@ -195,9 +200,11 @@ def bench_cuda(quick: bool):
         t_fused = triton.testing.do_bench(fused)
         t_eager = triton.testing.do_bench(eager)
         liger = _liger_time(hidden, weight, targets, old, adv, mask)
-        print(f"| {B}x{T}, H={H} | {t_fused:.2f} | {t_eager:.2f} | {liger} | {peaks['fused']:.2f} | "
-              f"{peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
-        results[f"fused_memory_ratio_{B}x{T}x{H}"] = peaks["fused"] / peaks["eager"]
+        cce = _cce_time(hidden, weight, targets)
+        print(f"| {B}x{T}, H={H}, V={V} | {t_fused:.2f} | {t_eager:.2f} | {t_fused / t_eager:.2f} | {liger} | {cce} | "
+              f"{peaks['fused']:.2f} | {peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
+        results[f"fused_time_ratio_{B}x{T}x{H}x{V}"] = t_fused / t_eager
+        results[f"fused_memory_ratio_{B}x{T}x{H}x{V}"] = peaks["fused"] / peaks["eager"]
     return results
 
 
@@ -210,25 +217,6 @@ def sampler_bytes(n: int, draws: int, block: int = 4096, sub: int = 64) -> int:
     steps = nb.bit_length()
     per_draw = 8 * (steps + 3 + block // sub + sub + 3) + 4
     return 8 * n + 8 * nb * (3 + block // sub) + 8 * 4 * nb + 12 * nb + draws * per_draw
-
-
-def _graph_us(fn) -> str:
-    """Median of fn replayed from a CUDA graph (launch overhead removed), or why it failed."""
-    import triton.testing
-
-    try:
-        fn()  # compile outside the capture
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return f"{triton.testing.do_bench(graph.replay) * 1e3:.1f}"
-    except Exception as e:  # report, do not hide
-        return f"failed: {type(e).__name__}"
 
 
 def _buffer_sample_us(n: int, dev) -> float:
@@ -263,6 +251,23 @@ def _liger_time(hidden, weight, targets, old, adv, mask) -> str:
             torch.autograd.grad(loss, (hidden, weight))
         return f"{triton.testing.do_bench(run):.2f}"
     except Exception as e:  # the API moves between versions; say so instead of guessing
+        return f"failed: {type(e).__name__}: {str(e)[:60]}"
+
+
+def _cce_time(hidden, weight, targets) -> str:
+    """Cut Cross-Entropy's linear cross-entropy (loss and both gradients; a plain CE loss, not a
+    policy loss: a floor for what a fused LM-head loss costs), if the package is installed."""
+    try:
+        import triton.testing
+        from cut_cross_entropy import linear_cross_entropy
+    except Exception:
+        return "not installed"
+    try:
+        def run():
+            loss = linear_cross_entropy(hidden, weight, targets)
+            torch.autograd.grad(loss, (hidden, weight))
+        return f"{triton.testing.do_bench(run):.2f}"
+    except Exception as e:  # report, do not hide
         return f"failed: {type(e).__name__}: {str(e)[:60]}"
 
 

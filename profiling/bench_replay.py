@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from freshper import ReplayBuffer
-from freshper.profiling.timing import median_seconds
+from freshper.profiling.timing import graph_us, median_seconds
 
 
 def _median_us(fn, steps: int) -> float:
@@ -29,8 +29,8 @@ def _median_us(fn, steps: int) -> float:
 
 
 def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: str = "cpu",
-                   profile: bool = False) -> float:
-    buf = ReplayBuffer(capacity, mode="freshper", tau=500.0, sampler=sampler, device=device)
+                   profile: bool = False, sync_free: bool | None = None) -> float:
+    buf = ReplayBuffer(capacity, mode="freshper", tau=500.0, sampler=sampler, device=device, sync_free=sync_free)
     g = torch.Generator().manual_seed(0)
     chunk = 10_000
     step = 0
@@ -39,13 +39,16 @@ def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: 
         buf.add(torch.rand(n, generator=g, dtype=torch.float64), step=step, obs=torch.zeros(n, 1))
         step += 1
     state = {"step": step}
+    # inputs made where the buffer lives, as a GPU trainer's rewards and priorities are
+    gd = torch.Generator(device=device).manual_seed(1)
+    obs = torch.zeros(batch, 1, device=device)
 
     def one():
         state["step"] += 1
         t = state["step"]
-        buf.add(torch.rand(batch, generator=g, dtype=torch.float64), step=t, obs=torch.zeros(batch, 1))
+        buf.add(torch.rand(batch, generator=gd, dtype=torch.float64, device=device), step=t, obs=obs)
         b = buf.sample(batch, step=t)
-        buf.update_priorities(b.indices, torch.rand(batch, generator=g, dtype=torch.float64))
+        buf.update_priorities(b.indices, torch.rand(batch, generator=gd, dtype=torch.float64, device=device))
 
     if device == "cuda":
         def timed():
@@ -56,6 +59,30 @@ def bench_freshper(capacity: int, batch: int, steps: int, sampler: str, device: 
             _profile_phases(buf, batch, g, state)
         return us
     return _median_us(one, steps)
+
+
+def bench_captured(capacity: int, batch: int, steps: int) -> str:
+    """A sync-free CUDA buffer's step (add + sample + update of `batch`, device inputs) captured in
+    one CUDA graph and replayed: the launch overhead gone, what the GPU itself takes. Capture fails
+    at any host sync, so a result is also the proof that the step has none. A replay repeats the
+    captured step number and beta; or why capture failed."""
+    buf = ReplayBuffer(capacity, mode="freshper", tau=500.0, sampler="triton", device="cuda", sync_free=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for s in range(0, capacity, 2**20):
+        n = min(2**20, capacity - s)
+        buf.add(torch.rand(n, generator=g, dtype=torch.float64, device="cuda") + 0.01, step=0,
+                obs=torch.zeros(n, 1, device="cuda"))
+    prio = torch.rand(batch, generator=g, dtype=torch.float64, device="cuda") + 0.01
+    obs = torch.zeros(batch, 1, device="cuda")
+
+    def one():
+        buf.add(prio, step=1, obs=obs)
+        b = buf.sample(batch, step=1)
+        buf.update_priorities(b.indices, prio)
+
+    out = graph_us(one)
+    buf.check()
+    return out
 
 
 def _profile_phases(buf, batch: int, g, state) -> None:
@@ -170,10 +197,17 @@ def main(argv=None):
             row += [f"{ref:.0f}" if ref else "n/a", f"{ref / tree:.2f}x" if ref else "n/a"]
         print("| " + " | ".join(row) + " |", flush=True)
     if torch.cuda.is_available():
-        print("\n| capacity | freshper on CUDA, triton sampler (us) |\n|---|---|")
+        # the step on device inputs, without and with the sync-free path, and captured in a CUDA graph; against
+        # the CPU tree, same process
+        print("\n| capacity | CUDA, host syncs (us) | CUDA, sync-free (us) | CUDA graph (us) | CPU tree (us) | "
+              "tree / sync-free |\n|---|---|---|---|---|---|")
         for cap in caps:
-            us = bench_freshper(cap, args.batch, args.steps, "triton", "cuda", args.profile and cap == caps[-1])
-            print(f"| {cap:.0e} | {us:.0f} |", flush=True)
+            old = bench_freshper(cap, args.batch, args.steps, "triton", "cuda", sync_free=False)
+            new = bench_freshper(cap, args.batch, args.steps, "triton", "cuda", args.profile and cap == caps[-1],
+                                 sync_free=True)
+            graph = bench_captured(cap, args.batch, args.steps)
+            tree = bench_freshper(cap, args.batch, args.steps, "tree")
+            print(f"| {cap:.0e} | {old:.0f} | {new:.0f} | {graph} | {tree:.0f} | {tree / new:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

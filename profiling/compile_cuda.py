@@ -114,6 +114,45 @@ def policy_loss_launches() -> list[Launch]:
     return out
 
 
+def logit_rows_launches() -> list[Launch]:
+    """The LM-head row kernel in each mode, for bf16 / fp32 / fp64 logits, every loss option on,
+    at the largest column block (4,096, what V >= 4,096 gets) and a small one."""
+    from freshper.kernels import logit_rows as R
+
+    def one(zt, mode, block_v, own=False, cispo=False):
+        f32 = "*fp32"
+        sig = dict(z_ptr=zt, stride_z="i32", y_ptr="*i64", V="i32", lse_ptr=f32, logp_ptr=f32, g_ptr=f32,
+                   old_ptr=f32, adv_ptr=f32, scale_ptr=f32, coef_ptr=f32, ref_ptr=f32, tis_ptr=f32, terms_ptr=f32,
+                   clip_low="fp32", clip_high="fp32", kl_coef="fp32", tis_cap="fp32")
+        const = dict(MODE=R.MODES.index(mode), OWN=own, HAS_KL=True, HAS_TIS=True, CISPO=cispo, BLOCK_V=block_v)
+        return Launch(f"_rows {zt[1:]} {mode} V-block={block_v}{' own' if own else ''}{' cispo' if cispo else ''}",
+                      R._rows, sig, const)
+
+    out = [one(zt, mode, 4096) for zt in ("*bf16", "*fp32") for mode in R.MODES]
+    out += [one("*fp64", "loss", 4096), one("*bf16", "loss", 4096, own=True, cispo=True), one("*bf16", "loss", 64)]
+    return out
+
+
+def slot_write_launches() -> list[Launch]:
+    """The replay buffer's write kernel for add (stamp, at the max or not) and update (live slots
+    required), at the smallest and largest batch blocks."""
+    from freshper.kernels import slot_write as W
+
+    sig = dict(slots_ptr="*i64", p_ptr="*fp64", at_ptr="*fp64", active_ptr="*i1", n="i32", cap="i32", step="i64",
+               cfg_ptr="*fp64", log_base_ptr="*fp64", birth_ptr="*i64", live_ptr="*i8", keys_ptr="*fp64",
+               own_ptr="*fp64", boosted_ptr="*i8", scratch_ptr="*i64", err_ptr="*i32", max_p_ptr="*fp64",
+               size_ptr="*i64")
+    out = []
+    for block in (16, 256):  # the smallest and largest batch blocks write_slots_triton launches
+        for stamp, need_live, at, active in ((True, False, False, False), (True, False, True, False),
+                                             (False, True, False, False), (False, False, False, True)):
+            const = dict(MODE=2, ZERO_OK=True, STAMP=stamp, NEED_LIVE=need_live, HAS_ACTIVE=active, SET_OWN=True,
+                         BOOST=0, RAISE_MAX=True, AT=at, BLOCK=block)
+            out.append(Launch(f"_write B={block} stamp={int(stamp)} live={int(need_live)} at={int(at)} "
+                              f"active={int(active)}", W._write, sig, const))
+    return out
+
+
 # Sizes the sampler is compiled at: from 1e2 slots to its limit, one draw to many.
 SAMPLER_SIZES = [(100, 1), (100, 256), (10**4, 256), (10**5, 256), (10**6, 256), (10**6, 4096), (10**7, 256),
                  (2**31 - 1, 1024)]
@@ -125,7 +164,7 @@ def launches() -> list[Launch]:
     seen, out = set(), []
     cands = [x for n, b in SAMPLER_SIZES for x in sampler_launches(n, b)]
     cands += [x for blk in SAMPLER_BLOCKS for x in sampler_launches(5000, 256, blk)]
-    for x in cands + policy_loss_launches():
+    for x in cands + policy_loss_launches() + logit_rows_launches() + slot_write_launches():
         key = (x.fn, tuple(sorted(x.signature.items())), tuple(sorted(x.constexprs.items())))
         if key not in seen:
             seen.add(key)

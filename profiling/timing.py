@@ -15,3 +15,26 @@ def median_seconds(fn, steps: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def graph_us(fn) -> str:
+    """Median microseconds of fn() replayed from a CUDA graph (launch overhead removed), or why
+    capture failed (a host sync inside fn makes it fail). fn runs twice before the capture: once
+    to compile, once on a side stream as capture requires."""
+    import torch
+    import triton.testing
+
+    try:
+        fn()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return f"{triton.testing.do_bench(graph.replay) * 1e3:.1f}"
+    except Exception as e:  # report, do not hide
+        return f"failed: {type(e).__name__}: {str(e)[:80]}"
+

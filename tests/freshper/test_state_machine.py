@@ -21,6 +21,7 @@ class BufferModel(RuleBasedStateMachine):
 
     mode = "freshper"
     sampler = "tree"
+    sync_free = None
 
     def __init__(self):
         super().__init__()
@@ -28,7 +29,8 @@ class BufferModel(RuleBasedStateMachine):
 
     @initialize(tau=st.sampled_from([1.0, 7.0, 500.0]), alpha=st.sampled_from([0.0, 0.6, 1.0]))
     def setup(self, tau, alpha):
-        self.buf = ReplayBuffer(CAP, mode=self.mode, alpha=alpha, tau=tau, beta=0.5, sampler=self.sampler, seed=3)
+        self.buf = ReplayBuffer(CAP, mode=self.mode, alpha=alpha, tau=tau, beta=0.5, sampler=self.sampler, seed=3,
+                                sync_free=self.sync_free)
         self.slots = [None] * CAP  # (priority, birth, payload)
         self.next = 0
         self.step = 0
@@ -130,14 +132,16 @@ MACHINE_SETTINGS = settings(max_examples=25, stateful_step_count=20, deadline=No
                             suppress_health_check=[HealthCheck.too_slow])
 
 
-def _machine(mode, sampler):
-    return type(f"Machine_{mode}_{sampler}", (BufferModel,), {"mode": mode, "sampler": sampler})
+def _machine(mode, sampler, sync_free=None):
+    return type(f"Machine_{mode}_{sampler}", (BufferModel,), {"mode": mode, "sampler": sampler,
+                                                                "sync_free": sync_free})
 
 
 TestFreshperTree = _machine("freshper", "tree").TestCase
 TestFreshperScan = _machine("freshper", "scan").TestCase
 TestPerTree = _machine("per", "tree").TestCase
 TestUniformTree = _machine("uniform", "tree").TestCase
-for _case in (TestFreshperTree, TestFreshperScan, TestPerTree, TestUniformTree):
+TestFreshperSyncFree = _machine("freshper", "scan", sync_free=True).TestCase  # the CUDA step's code path
+for _case in (TestFreshperTree, TestFreshperScan, TestPerTree, TestUniformTree, TestFreshperSyncFree):
     _case.settings = MACHINE_SETTINGS
 del _case

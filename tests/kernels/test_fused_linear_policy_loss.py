@@ -8,6 +8,8 @@ zeroed, halved or negated; the one-hot term of d logp / d logits added outside t
 (the defect this file was written against: relative error ~4 on confident tokens); the target
 logit taken from a separate float32 dot product (log-probs above 0); a vocabulary chunk skipped.
 """
+import importlib
+
 import pytest
 import torch
 
@@ -97,7 +99,7 @@ def three_ways(h, w, y, mask, old, adv, **tiles):
 @pytest.mark.parametrize("kind", ["confident", "unconfident"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bf16_gradients_no_worse_than_eager(kind, seed):
-    fused, eag, ref = three_ways(*bf16_case(kind, seed), chunk_size=16, vocab_chunk=128)
+    fused, eag, ref = three_ways(*bf16_case(kind, seed), chunk_size=16)
     assert fused[0].dtype == torch.bfloat16 and fused[1].dtype == torch.bfloat16
     errs = [(rel_l2(a, r), rel_l2(e, r)) for a, r, e in zip(fused, ref, eag)]
     assert within_eager(fused, ref, eag), errs
@@ -105,7 +107,7 @@ def test_bf16_gradients_no_worse_than_eager(kind, seed):
 
 def test_criterion_rejects_wrong_gradients():
     """The bf16 criterion has power: zeroed, halved and negated gradients all fail it."""
-    fused, eag, ref = three_ways(*bf16_case("confident", 0), chunk_size=16, vocab_chunk=128)
+    fused, eag, ref = three_ways(*bf16_case("confident", 0), chunk_size=16)
     assert within_eager(fused, ref, eag)
     for wrong in (lambda t: t * 0, lambda t: t * 0.5, lambda t: -t):
         assert not within_eager([wrong(fused[0]), fused[1]], ref, eag)
@@ -116,7 +118,7 @@ def test_criterion_rejects_wrong_gradients():
 def test_bf16_logprobs_never_positive_and_as_exact_as_eager(kind):
     h, w, y, mask, _, _ = bf16_case(kind, 2)
     hs, ys = h.reshape(-1, h.shape[-1]), y.reshape(-1)
-    lp, lse = token_logprobs(hs, w, ys, chunk_size=8, vocab_chunk=64)
+    lp, lse = token_logprobs(hs, w, ys, chunk_size=8)
     want = torch.log_softmax(hs.double() @ w.double().T, -1).gather(-1, ys[:, None])[:, 0]
     eager_lp = torch.log_softmax((hs @ w.T).float(), -1).gather(-1, ys[:, None])[:, 0]
     assert (lp <= 0).all()
@@ -125,12 +127,12 @@ def test_bf16_logprobs_never_positive_and_as_exact_as_eager(kind):
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
-@pytest.mark.parametrize("chunk,vchunk", [(1, 7), (5, 16), (64, 1000), (None, None)])
-def test_matches_eager_float64(agg, chunk, vchunk):
+@pytest.mark.parametrize("chunk", [1, 5, 64, None])
+def test_matches_eager_float64(agg, chunk):
     hidden, weight, targets, mask, old, adv, w, ref = on(*make(3, 9, 16, 50, seed=chunk or 0))
     kw = dict(agg=agg, ref_logp=ref, kl_coef=0.05)
-    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, chunk_size=chunk,
-                                                        vocab_chunk=vchunk, **kw), hidden, weight, torch.float64)
+    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, chunk_size=chunk, **kw),
+                  hidden, weight, torch.float64)
     want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, **kw), hidden, weight, torch.float64)
     # log-probs are float32 inside the op: 1e-5 relative is its precision, not the reference's
     for a, b in zip(fused, want):
@@ -140,7 +142,7 @@ def test_matches_eager_float64(agg, chunk, vchunk):
 
 def test_loss_value_float64():
     hidden, weight, targets, mask, old, adv, w, ref = on(*make(3, 9, 16, 50, seed=3))
-    loss = fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, chunk_size=4, vocab_chunk=9)
+    loss = fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, chunk_size=4)
     want = eager(hidden, weight, targets, mask, old, adv, w)
     torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
 
@@ -150,7 +152,7 @@ def test_frozen_head_allocates_no_weight_gradient():
     hidden, weight, targets, mask, old, adv, w, _ = make(2, 8, 16, 4000, seed=5, dtype=torch.float32)
     h = hidden.clone().requires_grad_(True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = fused_linear_policy_loss(h, weight, targets, old, adv, mask, w, chunk_size=4, vocab_chunk=512)
+        loss = fused_linear_policy_loss(h, weight, targets, old, adv, mask, w, chunk_size=4)
         (gh,) = torch.autograd.grad(loss, (h,))
     full = weight.numel() * weight.element_size()
     biggest = max((e.cpu_memory_usage for e in prof.events()), default=0)
@@ -172,7 +174,7 @@ def test_token_logprobs_online_logsumexp():
     h = torch.randn(10, 8, generator=g) * 10  # large logits: the running max must rescale
     w = torch.randn(333, 8, generator=g)
     y = torch.randint(0, 333, (10,), generator=g)
-    logp, lse = token_logprobs(h, w, y, chunk_size=3, vocab_chunk=50)
+    logp, lse = token_logprobs(h, w, y, chunk_size=3)
     logits = (h @ w.T).double()
     torch.testing.assert_close(lse.double(), torch.logsumexp(logits, -1), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(logp.double(), torch.log_softmax(logits, -1).gather(-1, y[:, None])[:, 0],
@@ -187,8 +189,10 @@ def test_stats_and_bad_input():
         fused_linear_policy_loss(hidden, weight[:, :4], targets, old, adv, mask, w)
     with pytest.raises(ValueError, match="dtype"):
         fused_linear_policy_loss(hidden, weight.float(), targets, old, adv, mask, w)
-    with pytest.raises(ValueError, match="vocab_chunk"):
-        fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, vocab_chunk=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, chunk_size=0)
+    with pytest.raises(ValueError, match="n_active"):
+        fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, n_active=int(mask.sum()) + 1)
     bad = targets.clone()
     bad[mask] = 20
     with pytest.raises(ValueError, match="targets"):
@@ -221,15 +225,15 @@ def test_excluded_tokens_leave_the_softmax():
 
     want = grads(ref, hidden, weight, torch.float64)
     got = grads(lambda h, wt: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, exclude=banned,
-                                                       chunk_size=8, vocab_chunk=64), hidden, weight, torch.float64)
+                                                       chunk_size=8), hidden, weight, torch.float64)
     for g, r in zip(got, want):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)  # float32 log-probs inside, as above
     assert float(got[1][banned].abs().max()) == 0.0
-    plain = grads(lambda h, wt: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, chunk_size=8,
-                                                         vocab_chunk=64), hidden, weight, torch.float64)
+    plain = grads(lambda h, wt: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, chunk_size=8),
+                  hidden, weight, torch.float64)
     assert rel_l2(plain[0], want[0]) > 1e-3, "the check can tell the exclusion is dropped"
     hs, ys = hidden.reshape(-1, 64), targets.reshape(-1)
-    lp, _ = token_logprobs(hs, weight, ys, exclude=banned, chunk_size=8, vocab_chunk=64)
+    lp, _ = token_logprobs(hs, weight, ys, exclude=banned, chunk_size=8)
     z = hs @ weight.T
     z[:, banned] = -torch.inf
     torch.testing.assert_close(lp.double(), torch.log_softmax(z, -1).gather(-1, ys[:, None])[:, 0], atol=1e-6, rtol=0)
@@ -245,10 +249,131 @@ def test_cispo_and_sequence_ratios_through_the_lm_head(loss, level, agg):
     hidden, weight, targets, mask, old, adv, w, ref = on(*make(3, 9, 16, 50, seed=7))
     old = old.clone()
     kw = dict(agg=agg, loss=loss, ratio_level=level)
-    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, chunk_size=4,
-                                                        vocab_chunk=16, **kw), hidden, weight, torch.float64)
+    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, chunk_size=4, **kw),
+                  hidden, weight, torch.float64)
     want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, **kw), hidden, weight, torch.float64)
     plain = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, agg=agg), hidden, weight, torch.float64)
     for a, b in zip(fused, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert not torch.allclose(want[0], plain[0], rtol=1e-3, atol=1e-6), "the variant changes the gradient"
+
+
+# ------------------------------------------------------------------ the GPU design, proved on CPU
+def _gemm_flops(fn, *inputs):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        loss = fn()
+        torch.autograd.grad(loss, inputs)
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("level,gemms", [("token", 3), ("sequence", 4)])
+def test_three_head_gemms(level, gemms):
+    """Forward + backward cost exactly 3 x 2 n H V FLOPs (n active tokens) at token level, as
+    eager's three over all tokens; GSPO's coupled rows take a fourth. Recomputing the logits in
+    the backward (the old design) counted 4.00 at token level."""
+    hidden, weight, targets, mask, old, adv, w, _ = make(3, 20, 32, 300, seed=2, dtype=torch.float32)
+    h, wt = hidden.requires_grad_(True), weight.requires_grad_(True)
+    n = int(mask.sum())
+    flops = _gemm_flops(lambda: fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, chunk_size=16,
+                                                         ratio_level=level), h, wt)
+    assert flops == gemms * 2 * n * 32 * 300
+
+
+def test_sync_counter_sees_the_fused_loss_syncs():
+    """The counter has power here: the default call (mask sum, target check) is seen."""
+    from freshper.profiling.host_syncs import HostSyncs
+
+    hidden, weight, targets, mask, old, adv, w, _ = make(2, 16, 16, 64, seed=4, dtype=torch.float32)
+    h = hidden.requires_grad_(True)
+    with HostSyncs() as syncs:
+        loss = fused_linear_policy_loss(h, weight, targets, old, adv, mask, w, chunk_size=8)
+        loss.backward()
+    assert len(syncs.events) >= 3, syncs.report()
+
+
+@pytest.mark.parametrize("path", ["reference", "triton"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_no_host_sync(path, level, monkeypatch):
+    """With n_active from the caller and check=False, forward and backward make no host sync, on
+    the torch reference and on the Triton row kernel's path (the one CUDA runs)."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    from freshper.kernels.logit_rows import rows_triton
+    from freshper.profiling.host_syncs import HostSyncs
+
+    if path == "triton":
+        monkeypatch.setattr(mod, "rows", rows_triton)
+    hidden, weight, targets, mask, old, adv, w, ref = make(2, 16, 16, 64, seed=4, dtype=torch.float32)
+    h, wt = hidden.requires_grad_(True), weight.requires_grad_(True)
+    n = int(mask.sum())
+    want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, ref_logp=ref, kl_coef=0.1,
+                                    ratio_level=level), hidden, weight, torch.float64)
+    with HostSyncs() as syncs:
+        loss = fused_linear_policy_loss(h, wt, targets, old, adv, mask, w, chunk_size=8, n_active=n, check=False,
+                                        ref_logp=ref, kl_coef=0.1, ratio_level=level)
+        loss.backward()
+    assert not syncs.events, syncs.report()
+    for a, b in zip((h.grad, wt.grad), want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+
+
+def test_no_grad_forward_runs_one_gemm():
+    """Under no_grad (a skipped micro-batch, log-prob recomputation) only the logits GEMM runs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hidden, weight, targets, mask, old, adv, w, _ = make(2, 10, 16, 50, seed=1, dtype=torch.float32)
+    h = hidden.requires_grad_(True)
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        loss, st = fused_linear_policy_loss(h, weight, targets, old, adv, mask, w, return_stats=True)
+    assert fc.get_total_flops() == 2 * int(mask.sum()) * 16 * 50
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss.double(), eager(hidden, weight, targets, mask, old, adv, w).double(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def _mutated_rows(kind):
+    """The row pass with one defect: the gradient's sign, the one-hot at the target + 1, or the
+    second chunk's gradient never written (a missing chunk)."""
+    from freshper.kernels.logit_rows import rows_reference
+
+    calls = {"n": 0}
+
+    def run(z, y, **kw):
+        calls["n"] += 1
+        if kind == "offbyone":
+            return rows_reference(z, (y + 1) % z.shape[1], **kw)
+        out = rows_reference(z, y, **kw)
+        if kind == "sign":
+            z.neg_()
+        if kind == "missing" and calls["n"] == 2:
+            z.zero_()
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("kind", ["sign", "offbyone", "missing"])
+def test_criterion_rejects_a_wrong_row_pass(kind, monkeypatch):
+    """The bf16 criterion fails for a flipped gradient, an off-by-one target and a missing chunk."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+
+    case = bf16_case("confident", 0)
+    fused, eag, ref = three_ways(*case, chunk_size=16)
+    assert within_eager(fused, ref, eag)
+    monkeypatch.setattr(mod, "rows", _mutated_rows(kind))
+    bad, _, _ = three_ways(*case, chunk_size=16)
+    assert not within_eager(bad, ref, eag)
+
+
+def test_float32_accumulation_across_chunks():
+    """grad_weight over many chunks: in bf16 (one rounding per chunk) and in float32 (rounded once,
+    as eager), each judged against eager bf16's own error; the float32 accumulator is at most
+    EAGER_FACTOR x eager, the bf16 one within sqrt(chunks) x that (one more rounding per chunk)."""
+    h, w, y, mask, old, adv = bf16_case("unconfident", 1)
+    chunks = -(-int(mask.sum()) // 4)
+    fused16, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=4)
+    fused32, _, _ = three_ways(h, w, y, mask, old, adv, chunk_size=4, accum_dtype=torch.float32)
+    assert fused32[1].dtype == torch.bfloat16
+    assert rel_l2(fused32[1], ref[1]) <= EAGER_FACTOR * rel_l2(eag[1], ref[1])
+    assert rel_l2(fused16[1], ref[1]) <= EAGER_FACTOR * chunks ** 0.5 * rel_l2(eag[1], ref[1])

@@ -237,7 +237,9 @@ class Policy:
         silent = self._silent(adv, resp, ref_logp, n_micro)
         for i in range(n_micro):
             sl = slice(i * mb, (i + 1) * mb)
-            n = int(lengths[sl].max()) if i * mb < tokens.shape[0] else 0  # the one host sync: the row width
+            # the one host sync of a micro-batch: its row width and its number of reply tokens
+            n, n_act = torch.stack([lengths[sl].max(), mask[sl, 1:].sum()]).tolist() if i * mb < tokens.shape[0] \
+                else (0, 0)
             if n == 0:
                 if self.dist.on:
                     tk, ln, vis = self._dummy()
@@ -256,7 +258,7 @@ class Policy:
                     ref_logp=cut(ref_logp),
                     kl_coef=a.kl_coef if ref_logp is not None else 0.0,
                     tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
-                    exclude=self.exclude), starts=None if starts is None else starts[sl],
+                    exclude=self.exclude, n_active=n_act, check=False), starts=None if starts is None else starts[sl],
                     **(vision.kwargs(sl, tk) if vision is not None else {}))
             if own:  # this forward's log-probs are the old policy's: kept for the caller
                 old_logp[sl, 1:n] = st["logp"]

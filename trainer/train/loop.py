@@ -428,6 +428,7 @@ class Trainer:
             singletons, adv_nonzero = replay_signal(per_row[:, len(REPLAY_ROW_COLUMNS):])
             stats = torch.stack([ess_fraction(col["weight"]), age.mean(), age.max(), kl.mean(), col["kl_k1"].mean(),
                                  singletons, adv_nonzero, col["gen_age"].mean(), col["gen_age"].max()]).tolist()
+            self.buffer.check()  # a sync-free buffer's deferred input errors, read right after this sync
             rows.append({"is_ess": stats[0], "replay_age_mean": stats[1], "replay_age_max": stats[2],
                          "replay_gen_age_mean": stats[7], "replay_gen_age_max": stats[8],
                          "replay_kl": stats[3], "replay_kl_k1": stats[4], "replay_singleton_frac": stats[5],
@@ -521,7 +522,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
-        with stop_on_signals(self), closing(self.trackers), _logging_above(bar):
+        with stop_on_signals(self, self.cfg.train.stop_grace), closing(self.trackers), _logging_above(bar):
             while self.iteration < end and not self.interrupted:
                 if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)

@@ -1,0 +1,137 @@
+"""The buffer's GPU step, proved on the CPU: add + sample + update_priorities with no host sync
+(sampler "scan" and "triton" under the interpreter take the code path CUDA takes), the same
+distribution as the CPU tree, duplicates resolved last-wins by the one write kernel, and bad
+device-side input caught at `check()` with nothing written."""
+import pytest
+import torch
+
+from freshper import ReplayBuffer
+from freshper.kernels.slot_write import write_slots_reference, write_slots_triton
+from freshper.profiling.host_syncs import HostSyncs
+
+from .helpers import filled
+from .test_buffer import assert_unchanged, snapshot
+
+SAMPLERS = ["scan", "triton"]
+
+
+def step_once(buf, g, step, b=16):
+    buf.add(torch.rand(b, generator=g, dtype=torch.float64) + 0.1, step=step,
+            tok=torch.randint(0, 9, (b, 5), generator=g), ret=torch.randn(b, generator=g))
+    batch = buf.sample(8)
+    buf.update_priorities(batch.indices, batch.weights + 0.25)
+    return batch
+
+
+@pytest.mark.parametrize("insert", ["own", "max", "max-one-step"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_step_makes_no_host_sync(sampler, insert):
+    g = torch.Generator().manual_seed(0)
+    buf = ReplayBuffer(64, sampler=sampler, sync_free=True, insert=insert, tau=20.0)
+    step_once(buf, g, 0)
+    with HostSyncs() as syncs:
+        for step in range(1, 4):
+            step_once(buf, g, step)
+    assert not syncs.events, syncs.report()
+    buf.check()
+
+
+def test_the_counter_sees_the_syncing_path():
+    """Wrong variant: the same step on a buffer that validates on the host is counted."""
+    g = torch.Generator().manual_seed(0)
+    buf = ReplayBuffer(64, sampler="scan", sync_free=False, tau=20.0)
+    step_once(buf, g, 0)
+    with HostSyncs() as syncs:
+        step_once(buf, g, 1)
+    assert len(syncs.events) >= 3, syncs.report()
+
+
+@pytest.mark.parametrize("insert", ["own", "max", "max-one-step"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_same_distribution_as_the_tree(sampler, insert):
+    """The same adds and updates (duplicates included) on the sync-free buffer and on the tree:
+    equal probabilities, live slots, counters and maximum priority."""
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    tree = ReplayBuffer(40, sampler="tree", insert=insert, tau=9.0)
+    dev = ReplayBuffer(40, sampler=sampler, sync_free=True, insert=insert, tau=9.0)
+    for step in range(6):
+        for buf, g in ((tree, g1), (dev, g2)):
+            p = torch.rand(12, generator=g, dtype=torch.float64) * 2
+            buf.add(p, step=step, tok=torch.zeros(12, 5, dtype=torch.long), ret=torch.zeros(12))
+            live = buf._live.nonzero().squeeze(1)
+            idx = live[torch.randint(0, live.numel(), (10,), generator=g)]
+            idx[3] = idx[7]  # a duplicate: the last value wins
+            buf.update_priorities(idx, torch.rand(10, generator=g, dtype=torch.float64) * 4)
+        torch.testing.assert_close(dev.probabilities(), tree.probabilities(), rtol=1e-12, atol=1e-300)
+        assert torch.equal(dev._live, tree._live) and torch.equal(dev._birth, tree._birth)
+        assert len(dev) == len(tree) and dev._next == tree._next
+        assert dev.max_priority == tree.max_priority
+    dev.check()
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_bad_device_input_is_caught_at_check(sampler):
+    buf = filled("freshper", sampler=sampler, sync_free=True)
+    snap = snapshot(buf)
+    live = buf._live.nonzero().squeeze(1)
+    buf.update_priorities(live[:3], torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64))
+    assert_unchanged(buf, snap)  # nothing written, nothing raised yet
+    buf.add(torch.ones(4, dtype=torch.float64), step=buf.step, tok=torch.zeros(4, 5, dtype=torch.long),
+            ret=torch.zeros(4))  # a good call after an uncollected error writes nothing either
+    assert torch.equal(buf._keys, snap[2])
+    with pytest.raises(ValueError, match="priority must be finite"):
+        buf.check()
+    buf.check()  # collected: the word is clear
+    empty = (~buf._live).nonzero().squeeze(1)[:1]
+    buf.update_priorities(torch.cat([live[:1], empty]), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="indices must point at live slots"):
+        buf.check()
+    buf.update_priorities(torch.tensor([0, buf.capacity]), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        buf.check()
+
+
+def test_host_input_still_raises_at_once():
+    buf = filled("freshper", sampler="scan", sync_free=True)
+    with pytest.raises(ValueError, match="priority"):
+        buf.update_priorities([0, 1], [1.0, float("nan")])
+    with pytest.raises(ValueError, match="indices"):
+        buf.update_priorities([0, 10**6], [1.0, 1.0])
+    with pytest.raises(ValueError, match="sync_free"):
+        ReplayBuffer(8, sampler="tree", sync_free=True)
+
+
+def _state(cap, g):
+    live = torch.rand(cap, generator=g) > 0.5
+    return {"log_base": torch.randn(cap, generator=g, dtype=torch.float64), "birth": torch.randint(0, 5, (cap,)),
+            "live": live, "keys": torch.randn(cap, generator=g, dtype=torch.float64),
+            "own": torch.rand(cap, generator=g, dtype=torch.float64), "boosted": torch.rand(cap, generator=g) > 0.5,
+            "scratch": torch.full((cap,), -1, dtype=torch.int64), "err": torch.zeros(1, dtype=torch.int32),
+            "max_p": torch.ones(1, dtype=torch.float64), "size": live.sum().reshape(1)}
+
+
+@pytest.mark.parametrize("case", ["plain", "active", "at", "stamp", "bad"])
+def test_write_kernel_matches_reference(case):
+    """One Triton program against the torch composite, duplicates in the batch (checked once to
+    fail with the winner taken as the first occurrence instead of the last)."""
+    g = torch.Generator().manual_seed(7)
+    base = _state(50, g)
+    slots = torch.randint(0, 50, (40,), generator=g)
+    p = torch.rand(40, generator=g, dtype=torch.float64) * 3
+    if case == "bad":
+        p[5] = -1.0
+    kw = dict(mode="freshper", alpha=0.6, eps=1e-6, tau=7.0, zero_ok=True, step=9 if case == "stamp" else None,
+              active=(torch.rand(40, generator=g) > 0.3) if case == "active" else None,
+              at=torch.tensor([2.5], dtype=torch.float64) if case == "at" else None, boosted=case == "active")
+    a = {k: v.clone() for k, v in base.items()}
+    b = {k: v.clone() for k, v in base.items()}
+    write_slots_reference(a, slots, p, **kw)
+    write_slots_triton(b, slots, p, **kw)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-15, atol=0, msg=k)
+    assert int(a["err"]) == (1 if case == "bad" else 0)
+    assert (a["scratch"] == -1).all()
+    if case == "plain":  # last occurrence wins
+        last = {int(s): float(v) for s, v in zip(slots, p)}
+        for s, v in last.items():
+            assert a["own"][s] == v
