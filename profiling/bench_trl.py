@@ -15,6 +15,15 @@ that each sees the same load (the 1-thread rows: two 1-thread processes on two c
 
     python -m freshper.profiling.bench_trl --iterations 6 --threads 1,2   # the table
     python -m freshper.profiling.bench_trl --one ours --replay 0 --threads 1  # one process: a JSON line
+
+`--model random-qwen2.5-0.5b` (the GPU comparison): the same job with Qwen2.5-0.5B's architecture
+and random weights on both sides (trainer/model/random_init.py: shipped config, byte-level
+tokenizer, weights drawn under the run's seed), on CUDA where there is one: ours with its
+defaults there (bf16 compute over float32 masters), TRL's GRPOTrainer with bf16=True on the same
+float32 model. Rewards mean nothing with random weights; the work per iteration is the point:
+`--new-tokens N` sets both sides' reply limit, and a random policy over 151,936 ids all but
+never ends a reply early (its EOS has probability ~1/151,936 a token), so both sides generate N
+tokens a reply; the table's gen tokens column shows it. Peak memory is the GPU's on CUDA.
 """
 from __future__ import annotations
 
@@ -28,10 +37,32 @@ import tempfile
 import time
 
 PRESET = "smollm2-135m-math"
+RANDOM_QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+MODEL = {"model": "smollm2", "new_tokens": 0}  # set by main(): which model, and fixed reply lengths (0: off)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _peak_gb() -> float:
+    if _cuda():
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def _overrides() -> dict:
+    """Config values of the chosen model on our side (and the job both sides run)."""
+    out = {}
+    if MODEL["model"] == "random-qwen2.5-0.5b":
+        out.update({"model.path": RANDOM_QWEN, "model.init": "random"})
+    if MODEL["new_tokens"]:
+        out["rollout.max_new_tokens"] = MODEL["new_tokens"]
+    return out
 
 
 def run_ours(replay: bool, iterations: int, skip: int, out: str, checkpointing: bool, engine: str) -> dict:
@@ -40,7 +71,8 @@ def run_ours(replay: bool, iterations: int, skip: int, out: str, checkpointing: 
 
     cfg = config.load(PRESET, None, {"algo.mode": "freshper" if replay else "on-policy",
                                      "train.iterations": iterations, "eval.every": 0, "train.progress": False,
-                                     "model.gradient_checkpointing": checkpointing, "rollout.engine": engine})
+                                     "model.gradient_checkpointing": checkpointing, "rollout.engine": engine,
+                                     **_overrides()})
     rows = Trainer(cfg, os.path.join(out, "ours")).run()[skip:]
 
     def mean(k):
@@ -60,7 +92,7 @@ def _dataset(n: int):
     from freshper.trainer.envs import make_env
     from freshper.trainer.model.load import env_kwargs
 
-    cfg = config.load(PRESET, None, {})
+    cfg = config.load(PRESET, None, _overrides())
     env = make_env("math", **env_kwargs(cfg))
     rows = []
     for seed in range(n):
@@ -82,11 +114,12 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str, checkpointing: b
     def reward(completions, answer, **kw):
         return [score(c[0]["content"], a, cfg.env.scorer) for c, a in zip(completions, answer)]
 
-    common = dict(output_dir=os.path.join(out, "trl"), use_cpu=True, report_to=[], save_strategy="no",
+    cuda = _cuda()
+    common = dict(output_dir=os.path.join(out, "trl"), use_cpu=not cuda, report_to=[], save_strategy="no",
                   per_device_train_batch_size=r.episodes, num_generations=r.group_size,
                   max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                   top_k=r.top_k or None, learning_rate=cfg.algo.lr, lr_scheduler_type="constant", warmup_steps=0,
-                  beta=0.0, max_steps=iterations, logging_steps=1, bf16=False, seed=cfg.train.seed,
+                  beta=0.0, max_steps=iterations, logging_steps=1, bf16=cuda, seed=cfg.train.seed,
                   gradient_accumulation_steps=1, disable_tqdm=True, gradient_checkpointing=checkpointing)
     if engine == "vllm":  # TRL's colocated engine: vLLM in this process, as ours
         common.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=r.max_len,
@@ -97,7 +130,15 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str, checkpointing: b
         cls = FreshPERGRPOTrainer
     else:
         args, cls = trl.GRPOConfig(**common), trl.GRPOTrainer
-    tr = cls(model=model_path(cfg), reward_funcs=reward, args=args, train_dataset=ds)
+    model, tok = model_path(cfg), None
+    if cfg.model.init == "random":  # the same architecture, weights and tokenizer as ours
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from freshper.trainer.model.random_init import random_model
+
+        model = random_model(model, AutoModelForCausalLM, None, "sdpa", cfg.train.seed)
+        tok = AutoTokenizer.from_pretrained(model_path(cfg))
+    tr = cls(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
 
     steps, gen, toks = [], [], []
     inner = tr._generate
@@ -156,7 +197,12 @@ def main(argv=None) -> None:
     p.add_argument("--together", action="store_true",
                    help="run the two sides at the same time (each sees the other's load: fair on a shared machine)")
     p.add_argument("--one", choices=("ours", "trl"), help="run one side in this process and print a JSON line")
+    p.add_argument("--model", choices=("smollm2", "random-qwen2.5-0.5b"), default="smollm2",
+                   help="SmolLM2-135M (the CPU job), or Qwen2.5-0.5B's architecture with random weights")
+    p.add_argument("--new-tokens", type=int, default=0,
+                   help="reply limit in tokens on both sides (0: the preset's)")
     a = p.parse_args(argv)
+    MODEL.update(model=a.model, new_tokens=a.new_tokens)
     if a.iterations <= a.skip:
         p.error(f"--iterations ({a.iterations}) must exceed --skip ({a.skip})")
     threads = [int(t) for t in a.threads.split(",")]
@@ -171,7 +217,8 @@ def main(argv=None) -> None:
             for side in ("ours", "trl"):
                 cmd = [sys.executable, "-m", "freshper.profiling.bench_trl", "--one", side, "--replay", str(int(rp)),
                        "--threads", str(t), "--iterations", str(a.iterations), "--skip", str(a.skip),
-                       "--checkpointing", str(a.checkpointing), "--engine", a.engine]
+                       "--checkpointing", str(a.checkpointing), "--engine", a.engine, "--model", a.model,
+                       "--new-tokens", str(a.new_tokens)]
                 env = {**os.environ, "OMP_NUM_THREADS": str(t)}
                 procs[side] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 if not a.together:

@@ -4,17 +4,24 @@
 # kill grace per step) is at most 480 s, checked by tests/profiling/test_gpu_check.py. The
 # summary table is printed whatever fails or times out. Logs go to $OUT (or ./gpu_check).
 #   bash profiling/gpu_check.sh --fetch-wheels   # here, before the device call: wheels the GPU
-#                                                # image lacks (gymnasium), into .whl/ (git-ignored)
-#   bash profiling/gpu_check.sh                  # on an H200 with torch + triton (3.6 or newer)
+#                                                # image lacks (TRL and its datasets, Liger-Kernel,
+#                                                # Cut Cross-Entropy, gymnasium), into .whl/ (git-ignored)
+#   bash profiling/gpu_check.sh                  # on an H100 / H200 with torch + triton (3.6 or newer)
+# What it measures side by side, on one card in one call: the fused LM-head loss against eager,
+# Liger-Kernel's fused linear GRPO loss and Cut Cross-Entropy (bench_kernels); the replay step on
+# CUDA with and without host syncs and captured in a CUDA graph, against the CPU tree (bench_replay);
+# one GRPO iteration of the Qwen2.5-0.5B architecture with random weights against TRL's
+# GRPOTrainer on the same job (bench_trl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Seconds per step. Every step, the preamble included, runs under `timeout -k $GRACE`.
-declare -A BUDGETS=([preamble]=30 [wheels]=25 [install]=40 [kernel-tests]=140 [bench_kernels]=90
-                    [bench_replay]=40 [train-smoke]=70 [vlm-smoke]=60)
+declare -A BUDGETS=([preamble]=30 [wheels]=25 [install]=40 [kernel-tests]=110 [bench_kernels]=80
+                    [bench_replay]=60 [bench_trl]=100 [train-smoke]=70 [vlm-smoke]=60)
 # Steps run only if their budget still fits the 480 s worst case when they are reached.
-IF_TIME="vlm-smoke"
+IF_TIME="train-smoke vlm-smoke"
 GRACE=5
-WHEELS="gymnasium==1.4.0 farama-notifications==0.0.4"
+WHEELS="gymnasium==1.4.0 farama-notifications==0.0.4 trl liger-kernel cut-cross-entropy datasets multiprocess dill
+xxhash"
 if [ "${1:-}" = "--fetch-wheels" ]; then
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   # shellcheck disable=SC2086
@@ -65,6 +72,7 @@ print_summary() {
   grep -h -E "^\| 1e\+0[4-7]|copy:" "$out/bench_kernels.txt" 2>/dev/null
   grep -h -E "^\| [0-9]+x[0-9]+" "$out/bench_kernels.txt" 2>/dev/null
   grep -h -E "^\| 1e\+0[4-6]" "$out/bench_replay.txt" 2>/dev/null
+  grep -h -E "^\| [0-9]+ \| (on|off)" "$out/bench_trl.txt" 2>/dev/null
   tail -n 3 "$out/train.txt" 2>/dev/null
   tail -n 2 "$out/vlm.txt" 2>/dev/null
 }
@@ -94,12 +102,17 @@ step install install.txt python3 -m pip install --no-deps --no-build-isolation -
 # The kernels and buffer compiled on the GPU, the compile check under the image's triton, and
 # the packed flash-attention forward (it runs where flash-attn imports, and says so where not).
 step kernel-tests tests.txt python3 -m pytest -q -p no:cacheprovider -rs tests/kernels \
-  tests/freshper/test_buffer.py tests/freshper/test_checkpoint.py tests/freshper/test_sample_groups.py \
+  tests/freshper/test_buffer.py tests/freshper/test_sync_free.py tests/freshper/test_checkpoint.py \
   tests/trainer/test_packing.py
 
 step bench_kernels bench_kernels.txt python3 -m freshper.profiling.bench_kernels --quick
 
 step bench_replay bench_replay.txt python3 -m freshper.profiling.bench_replay --steps 100 --profile
+
+# One GRPO iteration, Qwen2.5-0.5B's architecture with random weights (no hub), replies of 64 tokens, the HF
+# engine on both sides (no vLLM here): ours against TRL's GRPOTrainer, one process each, one after the other.
+step bench_trl bench_trl.txt python3 -m freshper.profiling.bench_trl --model random-qwen2.5-0.5b --new-tokens 64 \
+  --iterations 3 --skip 1 --threads 1 --replay 0
 
 # What the preamble found decides the smoke runs (no untimed imports here).
 no_gym=0
@@ -108,6 +121,8 @@ engine=vllm
 grep -q "^vllm " "$out/env.txt" || engine=hf
 if [ $no_gym = 1 ]; then
   skip train-smoke "gymnasium missing: the wheels were not carried (--fetch-wheels, then carry .whl)"
+elif (( $(date +%s) - t_start + ${BUDGETS[train-smoke]} + GRACE > 480 )); then
+  skip train-smoke "its budget no longer fits the 480 s worst case"
 else
   [ $engine = hf ] && echo "vllm is not installed here: smoke run with the hf engine"
   step train-smoke train.txt python3 -m freshper.trainer.cli train --preset gpu-smoke --rollout.engine $engine \

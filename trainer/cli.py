@@ -192,6 +192,7 @@ def cmd_train(argv) -> int:
     """One process, or every rank of a torchrun job: rank 0 checks and locks the run folder and
     its verdict reaches all ranks before anything is written."""
     from . import dist as D
+    from .config.checks import missing_install
     from .dist import check_world
 
     p = _train_parser("freshper train", argv)
@@ -200,6 +201,9 @@ def cmd_train(argv) -> int:
     try:
         cfg, run_dir, resume = build_config(args, rest, check_folder=False)
         check_world(cfg, world)
+        missing = missing_install(cfg)
+        if missing:
+            raise ValueError(missing)
     except ValueError as e:
         p.error(str(e))
     d = D.init(cfg.train.device)
@@ -233,7 +237,13 @@ def cmd_train(argv) -> int:
                     "nothing to do: %s finished at iteration %d (train.iterations %d); to train on, raise it: "
                     "freshper train --resume %s --train.iterations N", run_dir, trainer.iteration,
                     cfg.train.iterations, run_dir)
-            trainer.run()
+            try:
+                trainer.run()
+            except KeyboardInterrupt:  # a second stop signal, or the stuck-iteration watchdog
+                logging.getLogger("freshper").error(
+                    "freshper train: aborted in iteration %d without a checkpoint; resume from the latest with: "
+                    "freshper train --resume %s", trainer.iteration, run_dir)
+                return 130
             interrupted, done = trainer.interrupted, True
     finally:
         # The sharded model, its device mesh and the samplers hold the process group: drop them

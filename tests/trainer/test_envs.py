@@ -4,6 +4,7 @@ import pytest
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from freshper.trainer.envs import ENVS, FrozenLake, Sokoban, make_env, parse_action
+from freshper.trainer.envs.base import EVAL_SEED_BASE
 from freshper.trainer.envs.frozenlake import reachable
 from freshper.trainer.envs.sokoban import solve
 
@@ -270,3 +271,33 @@ def test_only_environments_with_a_solver_take_solver_warm_starts():
         config.load("math-cpu", None, {"train.sft_replies": "solver"})
     with pytest.raises(ValueError, match="train.sft_replies"):
         config.load("tiny", None, {"train.sft_replies": "expert"})
+
+
+@pytest.mark.parametrize("held_out,seed", [(0.05, EVAL_SEED_BASE), (0.99, 3)])
+def test_an_empty_fold_is_refused_not_waited_for(held_out, seed):
+    """3x3 boards with the start and goal in the corners: about 50 boards, none in a 5% fold (and
+    none left to train on at 99%). The draw used to loop for ever; now it refuses, naming the fold
+    and its size. Bounded by a timeout here, so the old behaviour fails instead of hanging."""
+    import threading
+
+    out = {}
+
+    def draw():
+        try:
+            FrozenLake(size=3, corners=True, held_out=held_out).reset(seed)
+            out["result"] = "drew a state"
+        except ValueError as e:
+            out["result"] = str(e)
+
+    t = threading.Thread(target=draw, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the draw did not return within 60 s"
+    assert "leaves the" in out["result"] and "fold empty" in out["result"] and "0 are" in out["result"]
+
+
+def test_an_empty_fold_is_refused_at_start_up():
+    from freshper.trainer import config
+
+    with pytest.raises(ValueError, match="fold empty"):
+        config.load("tiny", None, {"env.size": 3, "env.corners": True, "env.held_out": 0.05})

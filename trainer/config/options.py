@@ -67,6 +67,11 @@ class ModelConfig:
         rule=_model_path,
         allowed="empty, a local folder with config.json, or a hub id like Qwen/Qwen2.5-0.5B-Instruct",
         bad='/nonexistent/model')
+    init: str = opt("pretrained", "pretrained: the weights at model.path | random: model.path's architecture (a "
+                                  "local folder's config.json, or a GPU preset's model, shipped as config only) "
+                                  "with random weights and, without a local tokenizer, a byte-level one built "
+                                  "offline: for speed runs on a machine without the hub (trainer/model/random_init.py)",
+        choices=("pretrained", "random"), bad='zeros')
     tiny_hidden: int = opt(128, "tiny model: hidden size (head_dim is 64, so heads = hidden / 64)",
         rule=lambda v: v > 0 and v % 64 == 0, allowed="a positive multiple of 64 (head_dim is 64)", bad='100')
     tiny_layers: int = opt(2, "tiny model: transformer layers",
@@ -370,6 +375,9 @@ class TrainConfig:
         allowed="empty or a folder name of letters, digits and ._+=- (no path separators)", bad='a/b')
     device: str = opt("auto", "auto (cuda if available) | cpu | cuda",
         choices=("auto", "cpu", "cuda"), bad='tpu', resume=True)
+    stop_grace: float = opt(300.0, "seconds an iteration may still run after the first SIGINT / SIGTERM before the "
+                                   "run aborts without a checkpoint (a stuck iteration); 0: wait for it",
+        rule=lambda v: _finite(v) and v >= 0, allowed="a finite number of seconds >= 0", bad='-1', resume=True)
     checkpoint_every: int = opt(25, "iterations between checkpoints (and one at the end)",
         rule=lambda v: v > 0, allowed="> 0", bad='0', resume=True)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk",

@@ -147,6 +147,8 @@ class VLLMEngine(Engine):
         kwargs = dict(model=path, tokenizer=path, dtype=str(pick_dtype(cfg, device)).removeprefix("torch."),
                       max_model_len=cfg.rollout.max_len, seed=cfg.train.seed, enable_prefix_caching=prefix_caching,
                       logprobs_mode="processed_logprobs")
+        if cfg.model.init == "random":  # the folder holds no weights: vLLM draws its own, then takes the trainer's
+            kwargs["load_format"] = "dummy"
         self.bias: dict[int, float] = {}
         if is_vision_env(cfg):
             from ..model.vision import image_processor, suppressed_ids

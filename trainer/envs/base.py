@@ -19,6 +19,10 @@ from .prompts import game_feedback, game_opening
 
 # Seeds from here up address held-out initial states (validation); training draws seeds below it.
 EVAL_SEED_BASE = 2**31
+# A game with a split redraws until its state falls in the seed's fold: at most this many times,
+# after the construction-time probe of FOLD_PROBE seeds found both folds non-empty.
+MAX_REDRAWS = 10_000
+FOLD_PROBE = 2_000
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Removed from inside an answer before the action is looked up, as the authors' parser does
@@ -89,6 +93,7 @@ class TextEnv:
         self.done = True
         self.total_reward = 0.0
         self.total_penalty = 0.0
+        self._folds_checked = False
 
     split = 0.0  # games: the fraction of initial states, by content, that only validation draws (env.held_out)
 
@@ -96,17 +101,44 @@ class TextEnv:
         """Draw the initial state of `seed`. With a split (env.held_out), a training seed whose state
         falls in the held-out fold (a hash of its first rendering) redraws, and a validation seed
         (>= EVAL_SEED_BASE) redraws until it falls there: the two never share a state."""
+        if self.split and not self._folds_checked:
+            self.check_folds()
         self._reset(seed)
         if self.split:
-            want, k = seed >= EVAL_SEED_BASE, 0
-            while in_fold(self.content(), self.split) != want:
-                k += 1
+            want = seed >= EVAL_SEED_BASE
+            for k in range(1, MAX_REDRAWS + 1):
+                if in_fold(self.content(), self.split) == want:
+                    break
                 self._reset(zlib.crc32(f"{seed}/{k}".encode()))  # another state from the same seed, fixed
+            else:
+                raise RuntimeError(f"held_out={self.split}: no state of the {'held-out' if want else 'training'} "
+                                   f"fold after {MAX_REDRAWS} redraws of seed {seed}; the fold is too small")
         self.turn = 0
         self.done = False
         self.total_reward = 0.0
         self.total_penalty = 0.0
         return self.render()
+
+    def check_folds(self) -> None:
+        """With a split (env.held_out): ValueError unless both folds hold a state among those that
+        FOLD_PROBE fixed seeds draw, giving the folds' sizes as found; a small state space (a 3x3
+        board with the start and goal in its corners has 50 boards) can leave a fold empty, and
+        drawing from an empty fold would never end. Stops at the first state of each fold."""
+        self._folds_checked = True
+        if not self.split:
+            return
+        found: dict[bool, set] = {True: set(), False: set()}
+        for s in range(FOLD_PROBE):
+            self._reset(zlib.crc32(f"fold-probe/{s}".encode()))
+            c = self.content()
+            found[in_fold(c, self.split)].add(c)
+            if found[True] and found[False]:
+                return
+        states = len(found[True]) + len(found[False])
+        which = "held-out (validation)" if not found[True] else "training"
+        raise ValueError(f"held_out={self.split} leaves the {which} fold empty: of the {states} distinct states "
+                         f"{FOLD_PROBE} seeds drew, {len(found[True])} are held out and {len(found[False])} are not; "
+                         f"{'raise' if not found[True] else 'lower'} env.held_out, or give 0 for no split")
 
     def content(self) -> str:
         """The state's text as the held-out split hashes it: what the state is, not how it is

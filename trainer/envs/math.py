@@ -38,10 +38,9 @@ import math
 import random
 import re
 import threading
-import zlib
 from pathlib import Path
 
-from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, register
+from .base import EVAL_SEED_BASE, QuestionEnv, StepResult, in_fold, register
 from .user_reward import BadReward, UserReward
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -254,8 +253,7 @@ OPERATIONS = {"add": ("+", sum), "multiply": ("*", math.prod)}
 def is_held_out(terms: list[int], fraction: float) -> bool:
     """Whether a procedural problem is in the held-out fold: a fixed hash of its sorted operands
     (commuted problems share a fold), a fraction `fraction` of all problems."""
-    key = ",".join(map(str, sorted(terms))).encode()
-    return zlib.crc32(key) % 10_000 < round(fraction * 10_000)
+    return in_fold(",".join(map(str, sorted(terms))), fraction)
 
 
 ENUMERATED = 100_000  # problem spaces up to this size list their held-out fold

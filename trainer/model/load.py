@@ -148,13 +148,20 @@ def pick_attention(cfg: Config, device: torch.device) -> str:
 
             return "flash_attention_2"
         except ImportError:
+            log.warning("flash-attn is not installed: attention runs sdpa on padded rows (no packed varlen "
+                        "rows); pip install flash-attn --no-build-isolation for flash_attention_2")
             return "sdpa"
     return "sdpa"
 
 
 def model_path(cfg: Config) -> str:
     """The folder the policy loads from: model.path, a packaged model's converted folder
-    (trainer/model/pretrained.py), or the tiny model built for the env."""
+    (trainer/model/pretrained.py), the tiny model built for the env, or with model.init=random
+    the folder of the architecture's config and tokenizer (trainer/model/random_init.py)."""
+    if cfg.model.init == "random" and cfg.model.path:
+        from .random_init import random_model_dir
+
+        return str(random_model_dir(cfg.model.path))
     if not cfg.model.path:
         return str(build_tiny(cfg))
     if is_packaged(cfg.model.path):
@@ -180,7 +187,12 @@ def load_policy(cfg: Config, device: torch.device):
     # that a bf16 load would round away, and masters off the bf16 grid let bf16 forwards see
     # steps smaller than half a bf16 spacing). A LoRA base is frozen: it loads in the compute dtype.
     load_as = torch.float32 if not cfg.model.lora_rank else dtype
-    model = auto.from_pretrained(path, dtype=load_as, attn_implementation=attn).to(device)
+    if cfg.model.init == "random":
+        from .random_init import random_model
+
+        model = random_model(path, auto, load_as, attn, cfg.train.seed).to(device)
+    else:
+        model = auto.from_pretrained(path, dtype=load_as, attn_implementation=attn).to(device)
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -195,6 +207,7 @@ def load_policy(cfg: Config, device: torch.device):
     # float32 masters for what trains, the loaded dtype for compute (trainer/model/precision.py)
     keep_masters(model, dtype)
     what = str(dtype).removeprefix("torch.") + (" compute, float32 masters" if dtype != torch.float32 else "")
+    what += ", RANDOM weights (model.init=random)" if cfg.model.init == "random" else ""
     log.info("model %s on %s, %s, attention: %s", path, device, what, attn)
     return model, tok, path
 

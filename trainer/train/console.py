@@ -41,11 +41,17 @@ def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, r
 
 class stop_on_signals:
     """While training: the first SIGINT or SIGTERM asks the loop to stop after the iteration in
-    progress (the state stays consistent, so the checkpoint resumes exactly); a second SIGINT
-    raises KeyboardInterrupt. Only in the main thread, where Python delivers signals."""
+    progress (the state stays consistent, so the checkpoint resumes exactly); a second one of
+    either raises KeyboardInterrupt (abort, no checkpoint), and so does a watchdog when the
+    iteration is still running `grace` seconds after the first (a stuck iteration: a hung
+    environment or engine): a process manager's SIGTERM then ends the run without waiting for
+    its SIGKILL. The watchdog interrupts Python code; a wait inside C code ends when it returns.
+    Only in the main thread, where Python delivers signals."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, grace: float | None = None):
         self.trainer = trainer
+        self.grace = grace
+        self.timer = None
 
     def __enter__(self):
         import signal
@@ -60,16 +66,31 @@ class stop_on_signals:
 
     def _handle(self, signum, frame):
         import signal
+        import threading
 
-        if self.trainer.interrupted and signum == signal.SIGINT:
+        if self.trainer.interrupted:
             raise KeyboardInterrupt
         self.trainer.interrupted = True
-        log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C again to abort without one)",
-                    signal.Signals(signum).name, self.trainer.iteration)
+        log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C or SIGTERM again to abort without "
+                    "one%s)", signal.Signals(signum).name, self.trainer.iteration,
+                    f"; aborted if still running in {self.grace:g} s" if self.grace else "")
+        if self.grace:
+            self.timer = threading.Timer(self.grace, self._stuck, args=(self.trainer.iteration,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _stuck(self, iteration: int) -> None:
+        import _thread
+
+        log.error("iteration %d still running %g s after the stop signal: aborting without a checkpoint (the "
+                  "latest one stays)", iteration, self.grace)
+        _thread.interrupt_main()  # runs _handle in the main thread, which raises KeyboardInterrupt
 
     def __exit__(self, *exc):
         import signal
 
+        if self.timer is not None:
+            self.timer.cancel()
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False

@@ -1,0 +1,132 @@
+"""`--model.init random`: a model's architecture with random weights, built offline, for speed runs.
+
+A GPU node without the hub (or before the weights are copied over) can still time the paper's
+setting: the architecture numbers of the GPU presets' models ship here (config only, from their
+published config.json), a local folder's config.json serves any other model, and the weights
+are drawn from the model class's own initialiser under train.seed, as vLLM's `load_format=dummy`
+does for its benchmarks (the vLLM engine loads that way too, then takes the trainer's weights).
+
+The tokenizer: the folder's own where a local folder has one; otherwise a byte-level BPE built
+offline that covers the whole vocabulary: the 256 byte tokens, the chat tokens of the Qwen2.5
+template (<|endoftext|>, <|im_start|>, <|im_end|>), and filler tokens <|extra_N|> up to the model's
+vocabulary size, so every id a random policy samples decodes. It splits text into single bytes,
+so prompts are several times longer in tokens than the real tokenizer makes them: timings with it
+are of the architecture, not of the task's token counts. Nothing a random model learns means
+anything; the run's config (model.init) and its log say the weights are random.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger("freshper")
+
+# Architecture numbers of the GPU presets' models (their config.json on the hub, Qwen2ForCausalLM).
+_QWEN25 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6,
+               rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False, attention_dropout=0.0,
+               initializer_range=0.02, bos_token_id=151643, eos_token_id=151645)
+ARCHITECTURES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": {**_QWEN25, "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+                                   "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                                   "tie_word_embeddings": True},
+    "Qwen/Qwen2.5-3B-Instruct": {**_QWEN25, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
+                                 "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                 "tie_word_embeddings": True},
+    "Qwen/Qwen2.5-7B-Instruct": {**_QWEN25, "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+                                 "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                                 "tie_word_embeddings": False},
+}
+CHAT_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def random_init_refusal(path: str) -> str | None:
+    """Why model.init=random cannot build `path` (None: it can): a local folder with
+    config.json, or one of ARCHITECTURES."""
+    if path in ARCHITECTURES or (path and (Path(path).expanduser() / "config.json").exists()):
+        return None
+    return (f"model.init=random needs model.path to be a local folder with config.json or one of the shipped "
+            f"architectures ({', '.join(ARCHITECTURES)}), got {path!r}")
+
+
+def byte_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer (no merges) of exactly `vocab_size` tokens: bytes, the chat
+    tokens, then <|extra_N|> fillers; eos <|im_end|>, pad <|endoftext|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for t in CHAT_TOKENS:
+        vocab[t] = len(vocab)
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size must be at least {len(vocab)} (256 bytes and the chat tokens), got {vocab_size}")
+    for i in range(vocab_size - len(vocab)):
+        vocab[f"<|extra_{i}|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(CHAT_TOKENS)  # already in the vocabulary: marked special, no new ids
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def random_model_dir(path: str) -> Path:
+    """The folder a random-weight run loads its config and tokenizer from: `path` itself if it is
+    a local folder with config.json and a tokenizer; else one built once in the cache (config.json
+    of the architecture and the byte-level tokenizer; no weights)."""
+    from transformers import PretrainedConfig
+
+    from .pretrained import cache_dir
+
+    local = Path(path).expanduser()
+    if (local / "config.json").exists():
+        if (local / "tokenizer.json").exists() or (local / "tokenizer_config.json").exists():
+            return local
+        spec = json.loads((local / "config.json").read_text())
+    elif path in ARCHITECTURES:
+        spec = ARCHITECTURES[path]
+    else:
+        raise ValueError(random_init_refusal(path))
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    out = cache_dir() / "models" / f"random-{digest}"
+    if (out / "config.json").exists():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    vocab = spec["vocab_size"]
+    tok = byte_tokenizer(vocab)
+    cfg = PretrainedConfig.from_dict(spec) if "model_type" not in spec else _config_class(spec)
+    cfg.pad_token_id = tok.pad_token_id
+    cfg.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    log.info("random-init folder for %s (config and a byte-level tokenizer of %d tokens, no weights): %s",
+             path, vocab, out)
+    return out
+
+
+def _config_class(spec: dict):
+    from transformers import AutoConfig
+
+    spec = dict(spec)
+    return AutoConfig.for_model(spec.pop("model_type"), **spec)
+
+
+def random_model(path: str, auto, dtype, attn: str, seed: int):
+    """The architecture at `path` (a random_model_dir folder) with weights drawn under `seed`."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.random.fork_rng(devices=[]):  # its own stream: building must not move the caller's
+        torch.manual_seed(seed)
+        model = auto.from_config(config, dtype=dtype, attn_implementation=attn)
+    log.warning("model.init=random: %s with RANDOM weights (%.0fM parameters, seed %d): a speed run; nothing it "
+                "learns means anything", path, model.num_parameters() / 1e6, seed)
+    return model
