@@ -9,7 +9,8 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "history.md": "results/HISTORY.md"}
+TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "history.md": "results/HISTORY.md",
+       "pilots.md": "results/PILOTS.md"}
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
 

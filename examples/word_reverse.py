@@ -43,6 +43,4 @@ class WordReverse(QuestionEnv):
         self.correct = inside == self.answer
         penalty = 0.0 if inside is not None else self.format_penalty
         reward = 1.0 if self.correct else 0.0
-        self.total_reward += reward
-        self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, True, inside is not None, self.correct, {})

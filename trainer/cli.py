@@ -244,6 +244,10 @@ def cmd_train(argv) -> int:
                     "freshper train: aborted in iteration %d without a checkpoint; resume from the latest with: "
                     "freshper train --resume %s", trainer.iteration, run_dir)
                 return 130
+            except ValueError as e:  # bad input found mid-run (a user's env or reward): one line, no traceback
+                logging.getLogger("freshper").error("freshper train: error in iteration %d: %s", trainer.iteration, e)
+                logging.getLogger("freshper").debug("where it was raised", exc_info=True)
+                return 2
             interrupted, done = trainer.interrupted, True
     finally:
         # The sharded model, its device mesh and the samplers hold the process group: drop them

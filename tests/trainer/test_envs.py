@@ -31,7 +31,7 @@ def lake(rows, max_turns=5):
     env = FrozenLake(max_turns=max_turns)
     env.gym = FrozenLakeEnv(desc=rows, is_slippery=False)
     env.gym.reset(seed=0)
-    env.turn, env.done, env.total_reward, env.total_penalty = 0, False, 0.0, 0.0
+    env.turn, env.done = 0, False
     return env
 
 
@@ -57,9 +57,10 @@ def test_invalid_answer_keeps_state_counts_and_pays_the_penalty_apart():
     before = env.render()
     r = env.step("I go down")
     assert not r.valid and r.reward == 0.0 and r.penalty == -0.15 and env.render() == before and env.turn == 1
-    for _ in range(4):
-        r = env.step("<answer>Fly</answer>")
-    assert r.done and env.turn == 5 and env.total_reward == 0.0 and env.total_penalty == pytest.approx(-0.75)
+    results = [r] + [env.step("<answer>Fly</answer>") for _ in range(4)]
+    r = results[-1]
+    assert r.done and env.turn == 5 and sum(x.reward for x in results) == 0.0
+    assert sum(x.penalty for x in results) == pytest.approx(-0.75)
     with pytest.raises(RuntimeError):
         env.step("<answer>Down</answer>")
 
@@ -106,7 +107,7 @@ def soko(rows):
     env.targets = frozenset((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "O√S")
     env.boxes = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "X√"}
     env.player = next((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PS")
-    env.turn, env.done, env.total_reward, env.total_penalty = 0, False, 0.0, 0.0
+    env.turn, env.done = 0, False
     return env
 
 

@@ -41,8 +41,24 @@ class Doubling(QuestionEnv):
         self.done = True
         self.correct = text.strip().split()[:1] == [self.answer]
         reward = self.prize if self.correct else 0.0
-        self.total_reward += reward
         return StepResult(self.render(), reward, 0.0, True, True, self.correct, {})
+
+
+class AlwaysRight(Doubling):
+    """A step that reports success and reward 1 in its StepResult and keeps no tally of its own:
+    the rollout must read the result (it used to read env.total_reward and train on 0)."""
+
+    def step(self, text):
+        self.turn, self.done = self.turn + 1, True
+        return StepResult(self.render(), 1.0, 0.0, True, True, True, {})
+
+
+class GymStyle(Doubling):
+    """A gymnasium-style step: (observation, reward, terminated, truncated, info)."""
+
+    def step(self, text):
+        self.turn, self.done = self.turn + 1, True
+        return self.render(), 1.0, True, False, {}
 
 
 def last_number_reward(reply: str, answer: str) -> float:
@@ -68,6 +84,22 @@ def test_an_environment_class_by_import_path_trains(tmp_path):
     from freshper.trainer.model.load import env_kwargs
 
     assert env_kwargs(cfg) == {"format_penalty": -0.2, "limit": 7, "prize": 2.0}
+
+
+def test_the_reward_a_step_returns_is_the_reward_trained_on(tmp_path):
+    argv = ["train", *TINY, "--env.name", f"{HERE}:AlwaysRight", "--train.run_dir", str(tmp_path),
+            "--train.name", "right"]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "right" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["reward"] == 1.0 and r["success"] == 1.0 for r in rows), rows
+
+
+def test_a_gymnasium_style_step_is_refused_in_one_line(tmp_path, capsys):
+    argv = ["train", *TINY, "--env.name", f"{HERE}:GymStyle", "--train.run_dir", str(tmp_path),
+            "--train.name", "gym"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "GymStyle.step must return freshper.trainer.envs.StepResult" in err[-1] and "tuple" in err[-1]
 
 
 @pytest.mark.parametrize("over,msg", [

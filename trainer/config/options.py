@@ -207,6 +207,15 @@ class EnvConfig:
 class RolloutConfig:
     engine: str = opt("hf", "hf (transformers generate) | vllm (colocated vLLM)",
         choices=("hf", "vllm"), bad='tgi', resume=True)
+    turn_cache: bool = opt(True, "hf engine: keep each episode's key/value cache between its turns, so a turn "
+                                 "prefills only its new tokens (text models with full attention only)",
+        bad='maybe', resume=True)
+    kv_room: bool = opt(True, "hf engine: decode into key/value room allocated ahead, not a cache copied at every "
+                              "token (text models with full attention only)",
+        bad='maybe', resume=True)
+    gqa_sdpa: bool = opt(True, "hf engine on CPU: attention on the key/value heads as they are, not expanded to "
+                               "every query head (sdpa, fewer key/value than query heads)",
+        bad='maybe', resume=True)
     episodes: int = opt(32, "episodes per iteration",
         rule=lambda v: v > 0, allowed="> 0", bad='0')
     group_size: int = opt(4, "episodes per initial state (GRPO groups share a seed)",

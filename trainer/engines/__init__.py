@@ -9,7 +9,9 @@ def make_engine(kind: str, model, tokenizer, cfg, device, model_path: str | None
     if kind == "hf":
         from .hf import HFEngine
 
-        return HFEngine(model, tokenizer, share_prefix=cfg.model.share_prefix)
+        r = cfg.rollout
+        return HFEngine(model, tokenizer, share_prefix=cfg.model.share_prefix, turn_cache=r.turn_cache,
+                        kv_room=r.kv_room, gqa=r.gqa_sdpa)
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 

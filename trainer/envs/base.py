@@ -42,6 +42,18 @@ class StepResult:
     info: dict = field(default_factory=dict)
 
 
+def checked_step(env, text: str) -> StepResult:
+    """env.step(text), which must return a StepResult: what the trainer reads of a turn (reward,
+    penalty, done, success) comes from it alone. Anything else (a gymnasium-style tuple) is refused
+    in one line naming the method and what it must return."""
+    r = env.step(text)
+    if not isinstance(r, StepResult):
+        hint = " (a gymnasium-style tuple?)" if isinstance(r, tuple) else ""
+        raise ValueError(f"{type(env).__name__}.step must return freshper.trainer.envs.StepResult(observation, "
+                         f"reward, penalty, done, valid, success, info), got {type(r).__name__}{hint}")
+    return r
+
+
 def parse_action(text: str, actions: tuple[str, ...]) -> str | None:
     """The action named in the first <answer>...</answer> of `text` (case-insensitive, outer
     spaces and the ANSWER_NOISE tags inside ignored), or None."""
@@ -91,8 +103,6 @@ class TextEnv:
         self.format_penalty = format_penalty
         self.turn = 0
         self.done = True
-        self.total_reward = 0.0
-        self.total_penalty = 0.0
         self._folds_checked = False
 
     split = 0.0  # games: the fraction of initial states, by content, that only validation draws (env.held_out)
@@ -115,8 +125,6 @@ class TextEnv:
                                    f"fold after {MAX_REDRAWS} redraws of seed {seed}; the fold is too small")
         self.turn = 0
         self.done = False
-        self.total_reward = 0.0
-        self.total_penalty = 0.0
         return self.render()
 
     def check_folds(self) -> None:
@@ -188,8 +196,6 @@ class TextEnv:
             reward, penalty, valid = self._move(action), 0.0, True
         success = self.solved()
         self.done = success or self.failed() or self.turn >= self.max_turns
-        self.total_reward += reward
-        self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, self.done, valid, success, {"action": action})
 
 

@@ -227,8 +227,6 @@ class BoxedQuestion(QuestionEnv):
         penalty = 0.0 if valid or not penalised else self.format_penalty
         self.correct = reward >= self.success_at
         self.done = True
-        self.total_reward += reward
-        self.total_penalty += penalty
         return StepResult(self.render(), reward, penalty, True, valid, self.correct, {"answer": self.answer})
 
     def metrics(self) -> dict:

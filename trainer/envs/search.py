@@ -289,8 +289,6 @@ class Search(QuestionEnv):
             obs = "Continue with your reasoning..."
         if self.turn >= self.max_turns:
             self.done = True
-        self.total_reward += reward
-        self.total_penalty += penalty
         return StepResult(obs, reward, penalty, self.done, valid, self.correct, {"searches": self.searches})
 
     def feedback(self, result: StepResult, max_words: int) -> str:

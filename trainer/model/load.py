@@ -19,6 +19,7 @@ import torch
 
 from ..config import Config
 from ..envs import env_class, make_env
+from ..envs.base import checked_step
 from ..envs.prompts import SYSTEM
 from .precision import keep_masters
 from .pretrained import cache_dir, is_packaged, save_atomic
@@ -58,7 +59,7 @@ def corpus(cfg: Config, n_states: int = 300) -> list[str]:
         texts += [m["content"] for m in env.opening(env.reset(10_000_000 + seed), w)]
         reply = env.random_reply(rng)
         texts.append(reply)
-        r = env.step(reply)
+        r = checked_step(env, reply)
         if not r.done:
             texts.append(env.feedback(r, w))
     texts += [env.random_reply(rng) for _ in range(200)]

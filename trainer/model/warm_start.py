@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..envs.base import checked_step
+
 log = logging.getLogger("freshper")
 
 
@@ -89,7 +91,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
             ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words), env.images(), proc)
             while not env.done:
                 reply = tokenizer(choose(rng), add_special_tokens=False)
-                r = env.step(ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
+                r = checked_step(env, ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
                 if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
                                                   images=env.images() if proc else ()):
                     break

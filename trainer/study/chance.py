@@ -22,7 +22,7 @@ def chance(cfg, episodes: int, split: str = "train") -> dict:
     """Mean success and environment reward per episode (format penalty excluded; random replies
     are well formed) of the uniform random-reply policy over `episodes` initial states."""
     from ..envs import make_env
-    from ..envs.base import EVAL_SEED_BASE
+    from ..envs.base import EVAL_SEED_BASE, checked_step
     from ..model.load import env_kwargs
     from ..train.seeding import group_seeds
 
@@ -44,7 +44,7 @@ def chance(cfg, episodes: int, split: str = "train") -> dict:
     for s in seeds:
         env.reset(s)
         while True:
-            r = env.step(env.random_reply(rng))
+            r = checked_step(env, env.random_reply(rng))
             reward += r.reward
             if r.done:
                 break

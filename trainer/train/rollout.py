@@ -16,6 +16,7 @@ import torch
 
 from ..engines.base import Sampling
 from ..envs import make_env
+from ..envs.base import checked_step
 from ..model.chat import Episode
 
 
@@ -86,6 +87,9 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                          f"{len(eps[0]) + max_new_tokens}")
     ended = torch.zeros(E, dtype=torch.bool)
     valid = torch.zeros(E, dtype=torch.float32)
+    # what each episode earned, summed from the StepResults its env returned (the one source)
+    reward, penalty = torch.zeros(E, dtype=torch.float32), torch.zeros(E, dtype=torch.float32)
+    success = torch.zeros(E, dtype=torch.bool)
     steps = gen_tokens = 0
     try:
         while True:
@@ -105,8 +109,13 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                 if score_batch is not None:  # a scorer that takes the batch in one call (env.reward, TRL's form)
                     score_batch([envs[i] for i in active], texts)
                 for j, i in enumerate(active):
-                    result = envs[i].step(texts[j])
+                    result = checked_step(envs[i], texts[j])
                     valid[i] += result.valid
+                    reward[i] += result.reward
+                    penalty[i] += result.penalty
+                    success[i] = bool(result.success)
+                    if result.done:  # an env whose own step does not set .done still ends here
+                        envs[i].done = True
                     gen_tokens += len(gen.token_ids[j])
                     if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
                                                                limit=max_len - max_new_tokens,
@@ -138,8 +147,6 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         rows = VisionRows.of([ep.vision_inputs() for ep in eps])
         extra["image_bytes"] = sum(len(b) for ep_pngs in pngs for b in ep_pngs) / E  # PNG bytes per episode
     return Episodes(tokens, mask, elogp, turns,
-                    torch.tensor([env.total_reward for env in envs], dtype=torch.float32),
-                    torch.tensor([env.total_penalty for env in envs], dtype=torch.float32),
-                    torch.tensor([env.solved() for env in envs], dtype=torch.bool),
+                    reward, penalty, success,
                     valid / turns.clamp_min(1), torch.arange(E) // group_size, ended, steps, gen_tokens, extra,
                     pngs, rows)
