@@ -103,7 +103,7 @@ step install install.txt python3 -m pip install --no-deps --no-build-isolation -
 # the packed flash-attention forward (it runs where flash-attn imports, and says so where not).
 step kernel-tests tests.txt python3 -m pytest -q -p no:cacheprovider -rs tests/kernels \
   tests/freshper/test_buffer.py tests/freshper/test_sync_free.py tests/freshper/test_checkpoint.py \
-  tests/trainer/test_packing.py
+  tests/trainer/model/test_packing.py
 
 step bench_kernels bench_kernels.txt python3 -m freshper.profiling.bench_kernels --quick
 

@@ -19,7 +19,7 @@ to its reply but for the last token.
 
 Plain full-attention layers only: a sliding-window layer keeps only its last W positions, so
 the holes would shift its window. Equality with the whole re-prefill is tested in
-tests/trainer/test_turn_cache.py (greedy replies equal, log-probs within float32's error).
+tests/trainer/engines/test_turn_cache.py (greedy replies equal, log-probs within float32's error).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ every row's gradient into its prefix: the same math as the padded forward, with 
 FLOPs divided by the rows that share it.
 
 Not bit-equal to the padded forward: the matmuls have other shapes, so float32 rounds
-differently (tests/trainer/test_prefix.py bounds the difference by float32's own error against a
+differently (tests/trainer/model/test_prefix.py bounds the difference by float32's own error against a
 float64 forward). Used for text rows in the padded (sdpa / eager) layout; rows with images and
 flash-attention's packed rows run as before.
 """

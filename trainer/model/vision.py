@@ -11,7 +11,7 @@ which is what the Qwen2-VL processor does; its video half is what imports torchv
 Multimodal rotary positions (M-RoPE) follow `mm_token_type_ids` (0 text, 1 image): every forward
 and every `generate` must receive it. transformers' `generate` without it silently numbers the
 image tokens as text: the log-probs it samples with then differ from a training forward's by
-~2e-3 on the tiny model, where with it they agree to 5e-7 (tests/trainer/test_vision.py).
+~2e-3 on the tiny model, where with it they agree to 5e-7 (tests/trainer/model/test_vision.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import torch
 from freshper.trainer import config
 from freshper.trainer.train.loop import Trainer
 
-from .premise import assert_updates
+from ..train.premise import assert_updates
 
 OVER = {"train.iterations": 3, "rollout.episodes": 8, "algo.replay_updates": 1, "algo.lr": 3e-3,
         "rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0}

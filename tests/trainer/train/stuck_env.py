@@ -1,5 +1,5 @@
 """A FrozenLake whose reset hangs (in Python, as the held-out redraw loop did) once the file named
-by FRESHPER_TEST_STUCK exists: a stuck iteration for tests/trainer/test_interrupt.py."""
+by FRESHPER_TEST_STUCK exists: a stuck iteration for tests/trainer/train/test_interrupt.py."""
 import os
 import time
 from pathlib import Path

@@ -10,7 +10,7 @@ from freshper.trainer import config as C
 from freshper.trainer.cli import main
 from freshper.trainer.envs import QuestionEnv, StepResult
 
-HERE = "tests.trainer.test_own_task"
+HERE = "tests.trainer.envs.test_own_task"
 
 
 class Doubling(QuestionEnv):

@@ -13,7 +13,7 @@ import torch
 
 from freshper.trainer import config
 from freshper.trainer.model import pretrained
-from tests.trainer.smollm2 import require_smollm2  # noqa: E402
+from tests.trainer.model.smollm2 import require_smollm2  # noqa: E402
 
 require_smollm2()
 

@@ -43,12 +43,12 @@ def _stuck_run(tmp_path, grace: str):
     """A run whose environment hangs from iteration 2 on (once the flag file exists)."""
     flag = tmp_path / "stuck"
     cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", "tiny", "--train.iterations", "40",
-           "--env.name", "tests.trainer.stuck_env:StuckLake", "--train.run_dir", str(tmp_path / "runs"),
+           "--env.name", "tests.trainer.train.stuck_env:StuckLake", "--train.run_dir", str(tmp_path / "runs"),
            "--train.name", "stuck", "--train.checkpoint_every", "100", "--train.stop_grace", grace]
     env = {**os.environ, "FRESHPER_CACHE": os.environ.get("FRESHPER_CACHE", str(tmp_path / "cache")),
            "FRESHPER_TEST_STUCK": str(flag)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     seen = []
     for line in proc.stderr:
         seen.append(line)

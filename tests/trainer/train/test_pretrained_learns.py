@@ -7,7 +7,7 @@ Its own file because it takes minutes: one test worker runs it while the other r
 import pytest
 
 from freshper.trainer import config
-from tests.trainer.smollm2 import require_smollm2
+from tests.trainer.model.smollm2 import require_smollm2
 
 require_smollm2()
 

@@ -63,8 +63,8 @@ def test_logprobs_agree_with_the_trainer(trainer):
 
 
 def test_replies_end_at_stop_strings(trainer):
-    """vLLM's stop strings cut a reply where the hf engine's cut does (tests/trainer/test_rollout.py)."""
-    from .test_rollout import check_stop_strings
+    """vLLM's stop strings cut a reply where the hf engine's cut does (tests/trainer/train/test_rollout.py)."""
+    from ..train.test_rollout import check_stop_strings
 
     check_stop_strings(trainer.engine, trainer.tok, prompts(trainer, 3))
 
