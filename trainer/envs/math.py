@@ -7,7 +7,7 @@ What the response's answer is depends on `scorer` (env.scorer):
   no format penalty. It rewards a reply that restates the question ("What is 5 + 6" scores 1
   for 11), which a pretrained policy can learn;
 - "boxed": the content of the reply's *last* \\boxed{...}, math-verify's own extraction without
-  one, and the format penalty for a reply without a box (this project's rule before 2026-12-01);
+  one, and the format penalty for a reply without a box (a stricter format than the authors');
 - "last-number": the last \\boxed{} if any, else the last number the reply writes (the flexible
   extraction of GSM8K-style scorers), no format penalty.
 Time is bounded: inputs are cut to a few thousand characters, a box to a few hundred, and

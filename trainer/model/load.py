@@ -170,6 +170,23 @@ def model_path(cfg: Config) -> str:
     return cfg.model.path
 
 
+def check_first_turn(cfg: Config, tok) -> None:
+    """rollout.max_len must hold a first turn: seed 0's opening in this tokenizer and a reply of
+    rollout.max_new_tokens. Refused here, before the model loads, for the games and procedural
+    math (an environment reading data or a corpus, or showing images, is checked at its first
+    rollout instead)."""
+    from .chat import Episode
+
+    if is_vision_env(cfg) or cfg.env.name not in ("frozenlake", "sokoban", "math") or cfg.env.data:
+        return
+    env = make_env(cfg.env.name, **env_kwargs(cfg))
+    n = len(Episode(tok, env.opening(env.reset(0), cfg.rollout.max_new_tokens)))
+    if n + cfg.rollout.max_new_tokens > cfg.rollout.max_len:
+        raise ValueError(f"rollout.max_len={cfg.rollout.max_len} cannot hold even the first turn: its prompt has {n} "
+                         f"tokens and a reply up to {cfg.rollout.max_new_tokens}; raise rollout.max_len to at least "
+                         f"{n + cfg.rollout.max_new_tokens}")
+
+
 def load_policy(cfg: Config, device: torch.device):
     """(model, tokenizer, path) ready for training on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -180,6 +197,7 @@ def load_policy(cfg: Config, device: torch.device):
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    check_first_turn(cfg, tok)
     auto = AutoModelForCausalLM
     if is_vision_env(cfg):  # a vision-language model: its image-text class (Qwen2-VL, Qwen2.5-VL)
         from transformers import AutoModelForImageTextToText as auto

@@ -189,7 +189,7 @@ class Policy:
             return [False] * count
         live = ((adv[:, 1:] != 0) & resp.bool()).any(1)  # (R,) rows with a token of non-zero advantage
         pad = count * a.micro_batch - live.shape[0]
-        live = torch.cat([live, live.new_ones(pad)]).view(count, a.micro_batch).any(1)
+        live = torch.cat([live, live.new_zeros(pad)]).view(count, a.micro_batch).any(1)  # padding rows: no signal
         silent = (~live).tolist()
         if silent and all(silent):  # (no micro-batch at all: an update of no rows stays as it was)
             silent[-1] = False

@@ -40,8 +40,8 @@ ARMS = {
     "freshper": {"algo.mode": "freshper"},
     "freshper-auto": {"algo.mode": "freshper", "algo.tau_auto": "true"},
     "uniform": {"algo.mode": "uniform"},
-    # FreshPER variants: whole-group replay, stored advantages, and the insertion rule of
-    # before 2026-12-01 (new trajectories at the maximum until replayed: "PER plus decay")
+    # FreshPER variants: whole-group replay, stored advantages, and new trajectories at the maximum
+    # until replayed ("PER plus decay", where the authors' FreshPER arm drops the boost each step)
     "freshper-group": {"algo.mode": "freshper", "algo.replay_unit": "group"},
     "freshper-stored": {"algo.mode": "freshper", "algo.replay_advantage": "stored"},
     "freshper-max": {"algo.mode": "freshper", "algo.insert_priority": "max"},

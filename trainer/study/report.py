@@ -84,7 +84,7 @@ def tables(by_label: dict[str, list]) -> tuple[str, dict]:
         lines.append(f"| {label} | {len(items)} | {cells} | {its:.0f} |")
     lines += ["", "Replay diagnostics (replay arms), per run then mean ± 95% t-interval over seeds: mean age of "
               "replayed trajectories (iterations), mean per-token KL(mu || pi) of replayed trajectories (k3 "
-              "estimator; runs before 2026-12-01 logged k1), IS-weight ESS fraction, share of replayed tokens at a "
+              "estimator, or k1 where a run logged only that), IS-weight ESS fraction, share of replayed tokens at a "
               "clip bound, share of replayed episodes alone in their group in the batch (group advantage 0), share "
               "of replayed tokens with a non-zero advantage before whitening, drift rate r (KL per token per "
               "iteration of age, line through the origin), exponent p of KL ∝ age^p (1: linear), drift time "

@@ -61,8 +61,8 @@ log = logging.getLogger("freshper")
 class Trainer:
     """One run: `Trainer(cfg, run_dir).run()`. One attribute is not in the config:
     `recompute_old_logp` (default False) runs a separate forward for the behaviour log-probs
-    before the on-policy update, as the trainer did before it took them from the update's first
-    forward; set it to check that both give the same numbers (tests/trainer/model/test_update_passes.py)."""
+    before the on-policy update instead of taking them from the update's first forward (the same
+    numbers, one forward more): a check of that equality (tests/trainer/model/test_update_passes.py)."""
 
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dist: Dist = SINGLE):
         self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist

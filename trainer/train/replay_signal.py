@@ -31,8 +31,10 @@ def replay_signal(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def rollout_signal(score: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, engine_logp: torch.Tensor) -> dict:
     """Of a fresh batch (score (E,), group ids (E,), mask and the engine's log-probs (E, T)):
-    `groups_with_signal`, the share of groups whose scores are not all equal (a group of one
-    outcome has zero group-relative advantage: no gradient), and `reply_nll`, the mean negative
+    `groups_varied`, the share of groups whose scores are not all equal (a group of one outcome
+    has zero group-relative advantage before whitening; under the paper's batch whitening its rows
+    still carry a gradient whenever another group of the batch varies, docs/training.md), and
+    `reply_nll`, the mean negative
     log-prob of the sampled reply tokens in nats (at temperature 1 without top-k/top-p, a Monte
     Carlo estimate of the policy's per-token entropy: a policy collapsing onto one reply drives it
     toward 0)."""
@@ -43,5 +45,5 @@ def rollout_signal(score: torch.Tensor, group: torch.Tensor, mask: torch.Tensor,
     lo = torch.full((n,), torch.inf, dtype=torch.float64, device=score.device).scatter_reduce(
         0, inv, score.double(), "amin")
     m = mask.bool()
-    return {"groups_with_signal": float((hi - lo > 1e-9).double().mean()) if n else 0.0,
+    return {"groups_varied": float((hi - lo > 1e-9).double().mean()) if n else 0.0,
             "reply_nll": float(-engine_logp[m].double().sum() / m.sum().clamp_min(1))}

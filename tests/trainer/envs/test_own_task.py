@@ -251,3 +251,33 @@ def test_a_users_class_leaves_the_built_in_registry_as_it_was():
     assert env_class(f"{HERE}:Doubling") is Doubling  # imported once, then cached
     assert ENVS == before
     assert set(ENVS) == set(C.ENV_NAMES)
+
+
+def short_trl_reward(completions, answer, **kwargs) -> list[float]:
+    """TRL's batched form, one value short of the batch."""
+    return [0.0] * (len(completions) - 1)
+
+
+def test_late_errors_end_in_one_line(tmp_path, capsys):
+    """A batched reward of the wrong length: one `freshper train:` line naming the function, no
+    traceback, whether it surfaces at start-up (building the tiny model's tokenizer plays replies)
+    or mid-run in the rollout (it was a BadReward traceback there). A max_len too
+    short for the first turn is refused before the model loads (it was a traceback from the
+    rollout, after the model was built)."""
+    argv = ["train", *TINY[:-1], "0", "--env.name", "math", "--env.reward", f"{HERE}:short_trl_reward",
+            "--train.run_dir", str(tmp_path), "--train.name", "short"]
+    for when in ("start-up", "mid-run"):  # the second finds the tiny model's tokenizer built
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and "freshper train: " in last
+        assert re.search(r"short_trl_reward' returned \d+ rewards for \d+ completions", last), last
+        if when == "start-up":  # build the tokenizer with a reward that works
+            good = [f"{HERE}:trl_reward" if a.endswith(":short_trl_reward") else a for a in argv[:-1]]
+            assert main(good + ["built"]) == 0
+    assert "error in iteration 0" in last
+    assert main(["train", *TINY, "--rollout.max_len", "50", "--train.run_dir", str(tmp_path),
+                 "--train.name", "long"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "rollout.max_len=50 cannot hold even the first turn" in err
+    assert " on cpu, " not in err, "refused before the model loaded"

@@ -188,3 +188,17 @@ def test_an_update_of_no_rows_runs_with_the_skip_on(batch):
         st = Policy(model, c, torch.device("cpu")).update(empty, none, torch.zeros(none.shape), torch.zeros(none.shape))
         out.append((st["loss"], st["grad_norm"], st["tokens"]))
     assert out[0] == out[1] == (0.0, 0.0, 0)
+
+
+def test_a_silent_last_partial_micro_batch_is_skipped(batch):
+    """5 rows in micro-batches of 3: the last (2 rows, both advantage 0) is silent. Its padding
+    was once counted as live rows, so a partial last micro-batch never skipped its backward."""
+    cfg, state, ep = batch
+    c = config.load("tiny", None, {"train.sft_steps": 0, "algo.micro_batch": 3})
+    model, _, _ = load_policy(c, torch.device("cpu"))
+    policy = Policy(model, c, torch.device("cpu"))
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    adv = torch.zeros(5, 6)
+    adv[:3] = 1.0
+    assert policy._silent(adv, mask[:, 1:], None, 2) == [False, True]
+    assert policy._silent(torch.zeros(5, 6), mask[:, 1:], None, 2) == [True, False]  # the last one still runs

@@ -140,6 +140,6 @@ def test_rollout_signal_counts_groups_of_one_outcome_and_the_sampled_surprisal()
     logp = torch.tensor([[-9.0, -1.0, -2.0], [-9.0, -0.5, -9.0], [-9.0, -9.0, -0.25], [-1.0, -1.0, -1.0],
                          [-9.0, -2.0, -2.0], [-9.0, -9.0, -9.0]])
     out = rollout_signal(score, group, mask, logp)
-    assert out["groups_with_signal"] == pytest.approx(1 / 3)
+    assert out["groups_varied"] == pytest.approx(1 / 3)
     # the masked tokens only: 1 + 2 + 0.5 + 0.25 + 3 x 1 + 2 + 2 over 9 tokens
     assert out["reply_nll"] == pytest.approx(10.75 / 9)
