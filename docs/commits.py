@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", "RESULTS.md", "BENCHMARKS.md", "results/HISTORY.md", "results/benchmarks/HISTORY.md"]
+PAGES = ["README.md", "RESULTS.md", "BENCHMARKS.md", "results/HISTORY.md", "results/PILOTS.md",
+         "results/benchmarks/HISTORY.md"]
 HASH7 = re.compile(r"(?<![0-9a-zA-Z_/.-])([0-9a-f]{7})(?![0-9a-zA-Z_-])")
 HEAD = """# Commits the figures name
 
