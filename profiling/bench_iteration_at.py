@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from freshper.profiling.nvtx import compute_seconds
+from freshper.trainer.train.metrics import compute_seconds
 
 SAME = ("loss", "reward", "success", "grad_norm", "replay_loss", "gen_tokens")
 

@@ -18,9 +18,10 @@ def main(argv=None) -> int:
     import torch
 
     from freshper.trainer import config
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.envs import make_env
     from freshper.trainer.model.chat import Episode
-    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.load import load_policy
     from freshper.trainer.model.prefix import reply_starts
     from freshper.trainer.model.sharding import PolicyNet
 

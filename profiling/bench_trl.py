@@ -89,8 +89,8 @@ def _dataset(n: int):
     from datasets import Dataset
 
     from freshper.trainer import config
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model.load import env_kwargs
 
     cfg = config.load(PRESET, None, _overrides())
     env = make_env("math", **env_kwargs(cfg))

@@ -25,9 +25,10 @@ def main(argv=None) -> int:
     import torch
 
     from freshper.trainer import config
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.load import load_policy
     from freshper.trainer.train.rollout import rollout
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)

@@ -34,18 +34,8 @@ def nvtx_range(name: str):
 
 # A phase timed around others (the rollout around generation and the env's steps) holds their
 # seconds plus the glue between them. Phases refuses any other nesting, so that a sum over
-# phases can count each second once: compute_seconds below is the one definition.
+# phases can count each second once (freshper.trainer.train.metrics.compute_seconds sums them).
 ENCLOSING = {"rollout": ("generate", "env_step")}
-NOT_TRAINING = ("eval", "checkpoint")  # validation and checkpoints: timed, but not training work
-
-
-def compute_seconds(row: dict) -> float:
-    """Seconds of training work in one metrics row (its `time_<phase>` keys, seconds): every timed
-    phase but validation and checkpoints, each second once. An enclosing phase counts as itself
-    (its parts and the glue between them) and its parts are then left out."""
-    times = {k[5:]: float(v) for k, v in row.items() if k.startswith("time_") and k[5:] not in NOT_TRAINING}
-    inner = {p for outer, parts in ENCLOSING.items() if outer in times for p in parts}
-    return sum(v for k, v in times.items() if k not in inner)
 
 
 class Phases:
@@ -64,7 +54,7 @@ class Phases:
     def __call__(self, name: str):
         if self._open and name not in ENCLOSING.get(self._open[-1], ()):
             raise RuntimeError(f"phase {name!r} opened inside {self._open[-1]!r}: declare it in ENCLOSING "
-                               f"(freshper.profiling.nvtx) so compute_seconds counts its seconds once")
+                               f"(freshper.profiling.nvtx) so a sum over phases counts its seconds once")
         self._open.append(name)
         t0 = time.perf_counter()
         try:

@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from freshper.profiling.nvtx import compute_seconds
+from freshper.trainer.train.metrics import compute_seconds
 
 HERE = Path(__file__).parent
 for arm in ("on-policy-matched", "uniform"):

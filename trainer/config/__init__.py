@@ -7,7 +7,7 @@ unique across sections may drop the section (`--engine vllm` means `--rollout.en
 Precedence: defaults < preset < --config file.yaml < command-line overrides.
 """
 from ..presets import PRESET_NEEDS, PRESET_NEEDS_WHY, PRESETS
-from .checks import check_env_options, env_options, foreign_env_options, user_env_kwargs, validate
+from .checks import check_env_options, env_kwargs, env_options, foreign_env_options, user_env_kwargs, validate
 from .fields import (
                      check_field,
                      choices,
@@ -40,7 +40,8 @@ from .options import (
                      warm_start_seed,
 )
 
-__all__ = ["PRESET_NEEDS", "PRESET_NEEDS_WHY", "PRESETS", "check_env_options", "env_options", "foreign_env_options",
+__all__ = ["PRESET_NEEDS", "PRESET_NEEDS_WHY", "PRESETS", "check_env_options", "env_kwargs", "env_options",
+           "foreign_env_options",
            "user_env_kwargs", "validate", "check_field", "choices", "convert", "field_table", "field_table_of",
            "flatten", "invalid_examples", "resolve_key", "resumable", "rules", "apply", "load", "to_yaml", "ENV_NAMES",
            "INSERT_PRIORITIES", "MATH_SCORERS", "TINY_SFT_STEPS", "AlgoConfig", "Config", "EnvConfig", "EvalConfig",

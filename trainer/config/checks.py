@@ -55,6 +55,15 @@ def user_env_kwargs(env: "EnvConfig") -> dict:
     return out
 
 
+def env_kwargs(cfg: "Config") -> dict:
+    """The environment's constructor keywords: from the env options it declares, and for an
+    environment defined outside the package its own keywords (env.kwargs)."""
+    from ..envs import env_class
+
+    cls = env_class(cfg.env.name)
+    return {**cls.config_kwargs(cfg.env), **user_env_kwargs(cfg.env)}
+
+
 def foreign_env_options(env: EnvConfig) -> dict[str, object]:
     """{field: value} of env.* fields set away from their defaults that env.name does not take."""
     own, default = env_options(env.name), EnvConfig()

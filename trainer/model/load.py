@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
+from ..config import Config, env_kwargs
 from ..envs import env_class, make_env
 from ..envs.base import checked_step
 from ..envs.prompts import SYSTEM
@@ -32,18 +32,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def env_kwargs(cfg: Config) -> dict:
-    """The environment's constructor keywords: from the env options it declares, and for an
-    environment defined outside the package its own keywords (env.kwargs)."""
-    from ..config import user_env_kwargs
-
-    cls = env_class(cfg.env.name)
-    return {**cls.config_kwargs(cfg.env), **user_env_kwargs(cfg.env)}
-
-
 def is_vision_env(cfg: Config) -> bool:
     """Whether cfg's environment shows images (it needs a vision-language model)."""
-    from ..envs import env_class
 
     return env_class(cfg.env.name).vision
 

@@ -21,9 +21,9 @@ SPLITS = ("train", "eval")
 def chance(cfg, episodes: int, split: str = "train") -> dict:
     """Mean success and environment reward per episode (format penalty excluded; random replies
     are well formed) of the uniform random-reply policy over `episodes` initial states."""
+    from ..config import env_kwargs
     from ..envs import make_env
     from ..envs.base import EVAL_SEED_BASE, checked_step
-    from ..model.load import env_kwargs
     from ..train.seeding import group_seeds
 
     if episodes < 1:

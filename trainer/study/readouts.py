@@ -26,9 +26,8 @@ import math
 
 import numpy as np
 
-from freshper.profiling.nvtx import compute_seconds
-
 from ..train.intervals import mean_ci
+from ..train.metrics import compute_seconds
 
 
 def cumulative(rows: list[dict], x: str) -> list[float] | None:

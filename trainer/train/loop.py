@@ -32,16 +32,14 @@ from freshper.buffer import ess_fraction
 from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
-from ..config import Config, buffer_insert, sft_steps, to_yaml, warm_start_seed
+from ..config import Config, buffer_insert, env_kwargs, sft_steps, to_yaml, warm_start_seed
 from ..dist import RANK_SEED_STRIDE, SINGLE, Dist, check_world, rank0_first
 from ..engines import Sampling, make_engine
 from ..envs import make_env
 from ..envs.base import EVAL_SEED_BASE
-from ..model.load import env_kwargs, load_image_processor, load_policy, pick_device
+from ..model.load import load_image_processor, load_policy, pick_device
 from ..model.policy import Policy
 from ..model.precision import compute_dtype
-from ..model.warm_start import cache_path, cached_warm_start, warm_start
-from ..model.warm_start import settings as ws_settings
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
 from .console import progress_line, stop_on_signals, summary
@@ -54,6 +52,8 @@ from .seeding import group_seeds, make_deterministic, seed_everything
 from .trackers import Trackers
 from .trackers import check_installed as check_trackers
 from .trackers import parse as parse_trackers
+from .warm_start import cache_path, cached_warm_start, warm_start
+from .warm_start import settings as ws_settings
 
 log = logging.getLogger("freshper")
 
@@ -227,10 +227,10 @@ class Trainer:
                              + "; ".join(diff))
 
     def _perception_warm_start(self) -> None:
-        """Reading the board before RL (trainer/model/perception.py): cached, measured on held-out states."""
+        """Reading the board before RL (trainer/train/perception.py): cached, measured on held-out states."""
         import json
 
-        from ..model import perception
+        from . import perception
 
         t = self.cfg.train
         log.info("perception warm start: %d supervised steps on questions about game states (reading the board, "

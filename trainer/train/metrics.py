@@ -102,3 +102,18 @@ def plot(run_dir, out: str | None = None) -> Path:
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return out_path
+
+
+NOT_TRAINING = ("eval", "checkpoint")  # validation and checkpoints: timed, but not training work
+
+
+def compute_seconds(row: dict) -> float:
+    """Seconds of training work in one metrics row (its `time_<phase>` keys, seconds): every timed
+    phase but validation and checkpoints, each second once. An enclosing phase counts as itself
+    (its parts and the glue between them) and its parts are then left out (the nesting that
+    freshper.profiling.nvtx.Phases allows, ENCLOSING)."""
+    from freshper.profiling.nvtx import ENCLOSING
+
+    times = {k[5:]: float(v) for k, v in row.items() if k.startswith("time_") and k[5:] not in NOT_TRAINING}
+    inner = {p for outer, parts in ENCLOSING.items() if outer in times for p in parts}
+    return sum(v for k, v in times.items() if k not in inner)

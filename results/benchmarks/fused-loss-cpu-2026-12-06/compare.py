@@ -4,7 +4,8 @@ forward + backward, in units of 2 n H V over the n active tokens), host syncs (H
 n_active and check=False, as the trainer calls it), median time of forward + backward, and peak
 resident memory above the start. 2bad1d3's kernel files are read from git into a temporary package.
 
-    python results/benchmarks/fused-loss-cpu-2026-12-06/compare.py > results/benchmarks/fused-loss-cpu-2026-12-06/output.txt
+    python results/benchmarks/fused-loss-cpu-2026-12-06/compare.py \\
+        > results/benchmarks/fused-loss-cpu-2026-12-06/output.txt
 """
 import importlib
 import subprocess

@@ -12,7 +12,7 @@ import re
 import statistics
 from pathlib import Path
 
-from freshper.profiling.nvtx import compute_seconds
+from freshper.trainer.train.metrics import compute_seconds
 
 HERE = Path(__file__).resolve().parent
 UP = HERE.parent

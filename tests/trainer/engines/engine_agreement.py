@@ -5,9 +5,10 @@ as the reference set-up in float32 against the same in float64."""
 import torch
 
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.train.rollout import rollout
 
 GREEDY = Sampling(0.0, 1.0, 0)

@@ -13,10 +13,11 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.engines.turn_cache import TurnCache
 from freshper.trainer.envs import make_env
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.train.rollout import rollout
 
 from .engine_agreement import GREEDY

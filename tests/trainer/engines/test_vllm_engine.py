@@ -32,8 +32,8 @@ def trainer(tmp_path_factory):
 
 
 def prompts(tr, n=6):
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.envs import make_env
-    from freshper.trainer.model.load import env_kwargs
 
     env = make_env(tr.cfg.env.name, **env_kwargs(tr.cfg))
     out = []

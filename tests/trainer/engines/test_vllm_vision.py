@@ -21,8 +21,8 @@ if os.environ.get("FRESHPER_REQUIRE_VLLM") != "1":
     pytest.importorskip("torchvision")
 
 from freshper.trainer import config  # noqa: E402
+from freshper.trainer.config import env_kwargs  # noqa: E402
 from freshper.trainer.engines.base import Sampling  # noqa: E402
-from freshper.trainer.model.load import env_kwargs  # noqa: E402
 from freshper.trainer.train.loop import Trainer  # noqa: E402
 from freshper.trainer.train.rollout import rollout  # noqa: E402
 

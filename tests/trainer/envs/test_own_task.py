@@ -81,7 +81,7 @@ def test_an_environment_class_by_import_path_trains(tmp_path):
     assert all(abs(r["reward"] * 2 - round(r["reward"] * 2)) < 1e-9 and 0 <= r["reward"] <= 2 for r in rows)
     cfg = C.load("tiny", str(tmp_path / "own" / "config.yaml"), run_config=True)
     assert cfg.env.name == f"{HERE}:Doubling" and cfg.env.kwargs == "{limit: 7, prize: 2}"
-    from freshper.trainer.model.load import env_kwargs
+    from freshper.trainer.config import env_kwargs
 
     assert env_kwargs(cfg) == {"format_penalty": -0.2, "limit": 7, "prize": 2.0}
 

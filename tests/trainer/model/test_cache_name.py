@@ -8,10 +8,11 @@ import torch
 import transformers.utils.generic as hf_generic
 
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.model.cache_name import cache_kwarg, output_cache
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.model.prefix import shared_prefix_hidden
 from freshper.trainer.train.rollout import rollout
 

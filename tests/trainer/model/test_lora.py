@@ -59,8 +59,8 @@ def test_a_lora_update_trains_only_the_adapters_and_follows_the_advantage():
     cfg = config.load("tiny", None, {**LORA, "algo.lr": 1e-2, "algo.warmup_steps": 0})
     torch.manual_seed(0)
     model, tok, _ = load_policy(cfg, torch.device("cpu"))
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model.load import env_kwargs
 
     ep = rollout(HFEngine(model, tok), tok, "frozenlake", env_kwargs(cfg), [3, 4, 5, 6], 2,
                  cfg.rollout.max_new_tokens, cfg.rollout.max_len, FULL)
@@ -197,7 +197,7 @@ def test_a_bf16_lora_checkpoint_exports_bf16(tmp_path):
 
 
 def test_the_perception_cache_tells_a_lora_model_from_a_full_one():
-    from freshper.trainer.model.perception import cache_path
+    from freshper.trainer.train.perception import cache_path
 
     full = cache_path("/m/tiny", 10, 1e-3, 0)
     lora = cache_path("/m/tiny", 10, 1e-3, 0, {"lora_rank": "4", "lora_alpha": "8.0", "lora_targets": "q_proj"})

@@ -6,9 +6,10 @@ import torch
 
 from freshper import ReplayBuffer
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.model.policy import Policy
 from freshper.trainer.train.rollout import rollout
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.model.policy import Policy
 from freshper.trainer.model.precision import ATTR, compute_dtype, keep_masters
 from freshper.trainer.train.rollout import rollout

@@ -144,9 +144,10 @@ def test_policy_update_on_shared_prompts_matches_whole_rows():
     order, within 4x float32's own error (whole rows in float32 against float64). Checked once to
     fail: the row KLs or the log-probs left in the reordered order."""
     from freshper.trainer import config
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
-    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.load import load_policy
     from freshper.trainer.model.policy import Policy, row_lengths
     from freshper.trainer.train.rollout import rollout
 
@@ -198,11 +199,12 @@ def test_hf_engine_prefills_each_distinct_prompt_once():
     Checked once to fail: prompt positions numbered 0.. from the padded start (not by the
     attention mask) and every row on the first prompt's cache."""
     from freshper.trainer import config
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.engines.base import Sampling
     from freshper.trainer.engines.hf import HFEngine
     from freshper.trainer.envs import make_env
     from freshper.trainer.model.chat import Episode
-    from freshper.trainer.model.load import env_kwargs, load_policy
+    from freshper.trainer.model.load import load_policy
 
     cfg = config.load("tiny", None, {"train.sft_steps": 0})
     torch.manual_seed(0)

@@ -17,9 +17,10 @@ from tests.trainer.model.smollm2 import require_smollm2  # noqa: E402
 
 require_smollm2()
 
+from freshper.trainer.config import env_kwargs  # noqa: E402
 from freshper.trainer.engines.base import Sampling  # noqa: E402
 from freshper.trainer.engines.hf import HFEngine  # noqa: E402
-from freshper.trainer.model.load import env_kwargs, load_policy  # noqa: E402
+from freshper.trainer.model.load import load_policy  # noqa: E402
 from freshper.trainer.model.policy import Policy  # noqa: E402
 from freshper.trainer.train.loop import Trainer  # noqa: E402
 from freshper.trainer.train.rollout import rollout  # noqa: E402

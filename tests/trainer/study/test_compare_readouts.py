@@ -127,7 +127,7 @@ def test_a_studys_machines_md_gives_the_machine_of_runs_that_record_none(tmp_pat
 def test_compute_counts_a_nested_phase_once():
     """The rollout is timed around generation and the env's steps: the sum counts the rollout (its
     parts and the glue between them) once. Summing every time_* key would give 24.5 s here."""
-    from freshper.profiling.nvtx import compute_seconds
+    from freshper.trainer.train.metrics import compute_seconds
 
     row = {"time_rollout": 10.0, "time_generate": 9.0, "time_env_step": 0.5, "time_onpolicy_update": 5.0,
            "time_eval": 100.0, "time_checkpoint": 3.0, "loss": 1.0}

@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from freshper.trainer import config
+from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.envs.prompts import game_feedback, game_opening
 from freshper.trainer.model.chat import Episode
-from freshper.trainer.model.load import env_kwargs, load_policy
+from freshper.trainer.model.load import load_policy
 from freshper.trainer.model.policy import Policy, row_lengths
 from freshper.trainer.train.rollout import rollout
 

@@ -181,8 +181,8 @@ def test_a_presets_options_for_its_own_environment_do_not_follow_another_one():
 def test_each_environment_declares_options_its_constructor_takes():
     import inspect
 
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.envs import ENVS
-    from freshper.trainer.model.load import env_kwargs
 
     table = C.field_table()
     for name, cls in ENVS.items():

@@ -50,8 +50,8 @@ def test_replayed_rows_are_scored_on_their_own_images(run):
     buffer's bytes exactly as the rollout's own pixels score them: the buffer brings back what
     the model saw. Swapping two rows' images changes the result (the check can fail)."""
     from freshper.images import pack_pngs
+    from freshper.trainer.config import env_kwargs
     from freshper.trainer.engines import Sampling
-    from freshper.trainer.model.load import env_kwargs
     from freshper.trainer.train.rollout import rollout
 
     tr, _ = run

@@ -33,7 +33,7 @@ def supervised_step(model, opt, rows: list[tuple[list[int], list[int]]], pad_id:
     percent of its tokens: full logits of 16 SmolLM2 episodes would be gigabytes), in
     micro-batches of `micro_batch` rows (0: all) whose gradients sum to the whole batch's.
     `vision`: a VLM's trainer.vision.VisionRows of these rows."""
-    from .sharding import PolicyNet
+    from ..model.sharding import PolicyNet
 
     device = next(model.parameters()).device
     width = max(len(ids) for ids, _ in rows)
@@ -76,7 +76,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
     a VLM's image processor, for environments that show images. `micro_batch`: rows per forward."""
     if steps == 0:
         return []
-    from .chat import Episode
+    from ..model.chat import Episode
 
     rng = random.Random(seed + 7919)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -112,8 +112,8 @@ def settings(cfg, model, steps: int) -> dict:
     reply and context lengths, micro-batch, the perception warm start before it, LoRA, dtype."""
     from ..config import warm_start_seed
     from ..envs import env_class
-    from .lora import has_lora, lora_metadata
-    from .precision import compute_dtype
+    from ..model.lora import has_lora, lora_metadata
+    from ..model.precision import compute_dtype
 
     cls, t, r = env_class(cfg.env.name), cfg.train, cfg.rollout
     return {"env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
@@ -138,7 +138,7 @@ def folder_id(model_dir: str) -> list:
 def cache_path(model_dir: str, settings: dict) -> Path:
     """Where the format warm start of `settings` (settings()) on the model in `model_dir` is
     cached."""
-    from .pretrained import cache_dir
+    from ..model.pretrained import cache_dir
 
     key = json.dumps({"model": folder_id(model_dir), **settings, "v": 1}, sort_keys=True, default=str)
     return cache_dir() / "warm-start" / (hashlib.sha1(key.encode()).hexdigest()[:12] + ".safetensors")

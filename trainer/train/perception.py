@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..envs.prompts import SYSTEM
-from .precision import autocast, compute_dtype
+from ..model.precision import autocast, compute_dtype
 
 log = logging.getLogger("freshper")
 PLAYER = {"frozenlake": "PX√", "sokoban": "PS"}  # symbols that mark the player's cell
@@ -80,7 +80,7 @@ def cache_path(model_dir: str, steps: int, lr: float, seed: int, lora: dict | No
     """Where the warm-started weights of these settings are cached; `lora`: the adapters' settings
     (lora.lora_metadata) of a LoRA model, whose warm start trains and saves other tensors;
     `compute`: the low-precision compute dtype over float32 masters (trainer/model/precision.py)."""
-    from .load import cache_dir
+    from ..model.load import cache_dir
 
     key = json.dumps({"model": Path(model_dir).name, "steps": steps, "lr": lr, "seed": seed, "v": 1,
                       **({"lora": lora} if lora else {}), **({"compute": compute} if compute else {})},
@@ -92,7 +92,7 @@ def warm_start(model, tok, make_env, model_dir: str, steps: int, lr: float, seed
     """`steps` supervised steps on probe answers (cached); returns the losses ([] when loaded)."""
     from safetensors.torch import load_model, save_model
 
-    from .lora import has_lora, lora_metadata
+    from ..model.lora import has_lora, lora_metadata
 
     compute = compute_dtype(model)
     path = cache_path(model_dir, steps, lr, seed, lora_metadata(model) if has_lora(model) else None,
@@ -161,37 +161,3 @@ def probe_accuracy(model, tok, make_env, n: int = 64, seed: int = 0, by_kind: di
             k[0], k[1] = k[0] + ok, k[1] + 1
     model.train(was)
     return right / len(rows)
-
-
-def main(argv=None) -> int:
-    """python -m freshper.trainer.model.perception --preset frozenlake --steps 150: the warm start alone,
-    with held-out probe accuracy before and after, by kind of question."""
-    import argparse
-
-    from .. import config as C
-    from ..envs import make_env
-    from ..flags import parse_overrides
-    from .load import env_kwargs, load_policy
-
-    p = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
-    p.add_argument("--preset", default="frozenlake")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--probes", type=int, default=200, help="held-out questions asked")
-    args, rest = p.parse_known_args(argv)
-    torch.set_num_threads(1)
-    cfg = C.load(args.preset, None, parse_overrides(rest))
-    model, tok, path = load_policy(cfg, torch.device("cpu"))
-    mk = lambda: make_env(cfg.env.name, **env_kwargs(cfg))  # noqa: E731
-    for label in ("before", "after"):
-        if label == "after":
-            warm_start(model, tok, mk, path, args.steps, args.lr, cfg.train.seed)
-        kinds = {}
-        acc = probe_accuracy(model, tok, mk, args.probes, by_kind=kinds)
-        parts = ", ".join(f"{k} {r / n:.3f} ({n})" for k, (r, n) in sorted(kinds.items()))
-        print(f"{label}: held-out probe accuracy {acc:.3f} on {args.probes} questions; by kind: {parts}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

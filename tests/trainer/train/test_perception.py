@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from freshper.trainer import config
-from freshper.trainer.model import perception
+from freshper.trainer.train import perception
 from freshper.trainer.train.loop import Trainer
 
 
@@ -56,7 +56,7 @@ def test_warm_start_trains_reading_and_is_cached(tmp_path):
 
 
 def test_the_cache_key_tells_a_bf16_compute_run_from_a_float32_one():
-    from freshper.trainer.model.perception import cache_path
+    from freshper.trainer.train.perception import cache_path
 
     plain = cache_path("/m/smollm2", 30, 1e-4, 0)
     assert cache_path("/m/smollm2", 30, 1e-4, 0) == plain

@@ -4,7 +4,7 @@ takes it, shifted by one), in float64 to 1e-10."""
 import pytest
 import torch
 
-from freshper.trainer.model.warm_start import supervised_step
+from freshper.trainer.train.warm_start import supervised_step
 
 
 def _model():
@@ -105,7 +105,7 @@ def test_a_cached_warm_start_gives_the_same_run(tmp_path, monkeypatch, caplog):
 
 def test_the_cache_key_holds_what_the_warm_start_depends_on(tmp_path, monkeypatch):
     from freshper.trainer.model.load import load_policy
-    from freshper.trainer.model.warm_start import cache_path, settings
+    from freshper.trainer.train.warm_start import cache_path, settings
 
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     base = _tiny(tmp_path)
@@ -126,7 +126,7 @@ def test_the_cache_key_holds_what_the_warm_start_depends_on(tmp_path, monkeypatc
 @pytest.mark.parametrize("replies", ["random", "solver"])
 def test_the_warm_start_trains_on_the_replies_it_is_asked_for(tmp_path, monkeypatch, replies):
     """The supervised rows' loss tokens are exactly the chosen source's replies, and only its."""
-    import freshper.trainer.model.warm_start as W
+    import freshper.trainer.train.warm_start as W
     from freshper.trainer.envs import make_env
     from freshper.trainer.model.load import load_policy
 
@@ -158,7 +158,7 @@ def test_train_sft_seed_gives_runs_of_other_seeds_one_warm_start(tmp_path, monke
     start with seed 7; without it each warm starts with its own seed."""
     import freshper.trainer.train.loop as L
     from freshper.trainer.model.load import load_policy
-    from freshper.trainer.model.warm_start import cache_path, settings
+    from freshper.trainer.train.warm_start import cache_path, settings
 
     monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
     one, two = (_tiny(tmp_path, **{"train.seed": s, "train.sft_seed": 7}) for s in (1, 2))
