@@ -80,7 +80,7 @@ def bench_captured(capacity: int, batch: int, steps: int) -> str:
         b = buf.sample(batch, step=1)
         buf.update_priorities(b.indices, prio)
 
-    out = graph_us(one)
+    out = graph_us(one, generators=(buf._gen,))
     buf.check()
     return out
 

@@ -17,10 +17,11 @@ def median_seconds(fn, steps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def graph_us(fn) -> str:
+def graph_us(fn, generators=()) -> str:
     """Median microseconds of fn() replayed from a CUDA graph (launch overhead removed), or why
     capture failed (a host sync inside fn makes it fail). fn runs twice before the capture: once
-    to compile, once on a side stream as capture requires."""
+    to compile, once on a side stream as capture requires. `generators`: CUDA generators fn draws
+    from besides the default one, registered with the graph so each replay draws anew."""
     import torch
     import triton.testing
 
@@ -32,6 +33,8 @@ def graph_us(fn) -> str:
             fn()
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
+        for g in generators:  # torch >= 2.5; older ones report the capture's failure below
+            graph.register_generator_state(g)
         with torch.cuda.graph(graph):
             fn()
         return f"{triton.testing.do_bench(graph.replay) * 1e3:.1f}"
