@@ -23,6 +23,7 @@ off, +10 when solved. An invalid answer costs the -0.1 step reward and the forma
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections import deque
 
@@ -151,6 +152,14 @@ def solve(floor, targets, boxes, player, limit: int) -> list[str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _first_moves(floor: frozenset, targets: frozenset, boxes: frozenset, player) -> tuple[str, ...] | None:
+    """`solve` from a state, cached: a warm start plays each board in several episodes (a group's),
+    and each episode asks the solver at every state the one before it asked at."""
+    path = solve(floor, targets, boxes, player, SOLVER_LIMIT)
+    return None if path is None else tuple(path)
+
+
 @register
 class Sokoban(GridGame):
     name = "sokoban"
@@ -206,7 +215,7 @@ class Sokoban(GridGame):
     def solver_reply(self, rng: random.Random) -> str:
         """The next move of a shortest solution from here, in the answer format (`rng` unused:
         the solver is deterministic)."""
-        path = solve(self.floor, self.targets, self.boxes, self.player, SOLVER_LIMIT)
+        path = _first_moves(frozenset(self.floor), self.targets, frozenset(self.boxes), self.player)
         if not path:
             raise RuntimeError(f"sokoban: no solution within {SOLVER_LIMIT} moves from here (or already solved)")
         return f"<answer>{path[0]}</answer>"

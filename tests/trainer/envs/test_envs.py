@@ -302,3 +302,37 @@ def test_an_empty_fold_is_refused_at_start_up():
 
     with pytest.raises(ValueError, match="fold empty"):
         config.load("tiny", None, {"env.size": 3, "env.corners": True, "env.held_out": 0.05})
+
+
+def test_the_sokoban_solver_is_asked_once_per_state(monkeypatch):
+    """Two episodes of one board (a group of a solver warm start) search each state once, and play
+    the moves an uncached search gives (it once re-solved the level at every move of every episode)."""
+    import random
+
+    import freshper.trainer.envs.sokoban as S
+
+    calls = []
+    real = S.solve
+    monkeypatch.setattr(S, "solve", lambda *a: calls.append(a) or real(*a))
+    S._first_moves.cache_clear()
+    moves = []
+    for _ in range(2):
+        env = Sokoban(max_turns=30, size=6)
+        env.reset(5)
+        played = []
+        while not env.done:
+            reply = env.solver_reply(random.Random(0))
+            played.append(reply)
+            env.step(reply)
+        moves.append(played)
+    assert moves[0] == moves[1] and env.solved()
+    assert len(calls) == len(moves[0]), "each state searched once, the second episode from the cache"
+    S._first_moves.cache_clear()
+    env = Sokoban(max_turns=30, size=6)
+    env.reset(5)
+    uncached = []
+    while not env.done:
+        path = real(env.floor, env.targets, env.boxes, env.player, S.SOLVER_LIMIT)
+        uncached.append(f"<answer>{path[0]}</answer>")
+        env.step(uncached[-1])
+    assert uncached == moves[0]
