@@ -98,7 +98,7 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
             rows.append(ep)
         vision = None
         if proc is not None:
-            from .vision import VisionRows
+            from ..model.vision import VisionRows
 
             vision = VisionRows.of([ep.vision_inputs() for ep in rows])
         tokens = [(ep.ids, [t if m else -100 for t, m in zip(ep.ids, ep.mask)]) for ep in rows]

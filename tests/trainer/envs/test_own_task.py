@@ -258,22 +258,23 @@ def short_trl_reward(completions, answer, **kwargs) -> list[float]:
     return [0.0] * (len(completions) - 1)
 
 
-def test_late_errors_end_in_one_line(tmp_path, capsys):
+def test_late_errors_end_in_one_line(tmp_path, capsys, monkeypatch):
     """A batched reward of the wrong length: one `freshper train:` line naming the function, no
     traceback, whether it surfaces at start-up (building the tiny model's tokenizer plays replies)
     or mid-run in the rollout (it was a BadReward traceback there). A max_len too
     short for the first turn is refused before the model loads (it was a traceback from the
     rollout, after the model was built)."""
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))  # no tiny model built yet: start-up first
     argv = ["train", *TINY[:-1], "0", "--env.name", "math", "--env.reward", f"{HERE}:short_trl_reward",
-            "--train.run_dir", str(tmp_path), "--train.name", "short"]
+            "--train.run_dir", str(tmp_path), "--train.name"]
     for when in ("start-up", "mid-run"):  # the second finds the tiny model's tokenizer built
-        assert main(argv) == 2
+        assert main(argv + [when]) == 2
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]
         assert "Traceback" not in err and "freshper train: " in last
         assert re.search(r"short_trl_reward' returned \d+ rewards for \d+ completions", last), last
         if when == "start-up":  # build the tokenizer with a reward that works
-            good = [f"{HERE}:trl_reward" if a.endswith(":short_trl_reward") else a for a in argv[:-1]]
+            good = [f"{HERE}:trl_reward" if a.endswith(":short_trl_reward") else a for a in argv]
             assert main(good + ["built"]) == 0
     assert "error in iteration 0" in last
     assert main(["train", *TINY, "--rollout.max_len", "50", "--train.run_dir", str(tmp_path),
