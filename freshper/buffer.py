@@ -563,6 +563,7 @@ class ReplayBuffer:
         are recomputed: O(N), meant for occasional changes such as an adaptive tau per iteration."""
         _check_tau(tau)
         self.tau = float(tau)
+        self._cfg[2:3].fill_(self.tau)  # the write kernel's float64 copy of tau
         self._recompute_keys()
 
     def probabilities(self, step: int | None = None) -> torch.Tensor:

@@ -139,8 +139,9 @@ def token_terms(lp, old, adv, scale, *, clip_low, clip_high, kl_coef=0.0, ref=No
         binds = s2 < s1
         pg, dpg = -torch.where(binds, s2, s1), torch.where(binds, torch.zeros_like(s1), -s1)
         active = ((adv > 0) & (ratio > 1.0 + clip_high)) | ((adv < 0) & (ratio < 1.0 - clip_low))
-    if tis is not None:
-        scale = scale * torch.exp(old - tis).clamp(max=tis_cap)
+    if tis is not None:  # truncated at tis_cap; None: the plain IS ratio
+        c = torch.exp(old - tis)
+        scale = scale * (c if tis_cap is None else c.clamp(max=tis_cap))
     loss, dl = scale * pg, scale * dpg
     kl = torch.zeros_like(lp)
     if ref is not None and kl_coef > 0:

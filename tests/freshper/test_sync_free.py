@@ -135,3 +135,20 @@ def test_write_kernel_matches_reference(case):
         last = {int(s): float(v) for s, v in zip(slots, p)}
         for s, v in last.items():
             assert a["own"][s] == v
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_writes_after_set_tau_use_the_new_tau(sampler):
+    """The write kernel reads tau from a float64 device copy: set_tau must refresh it (a copy left
+    at the old tau gave keys 1.2 off)."""
+    from freshper.priorities import log_keys
+
+    g = torch.Generator().manual_seed(2)
+    buf = ReplayBuffer(32, sampler=sampler, sync_free=True, tau=10.0)
+    buf.add(torch.rand(8, generator=g, dtype=torch.float64) + 0.1, step=0)
+    buf.set_tau(2.0)
+    buf.add(torch.rand(8, generator=g, dtype=torch.float64) + 0.1, step=5)
+    buf.update_priorities(torch.tensor([1, 9]), torch.tensor([0.5, 2.0], dtype=torch.float64), step=7)
+    buf.check()
+    want = log_keys(buf._log_base, buf._birth, mode=buf.mode, alpha=buf.alpha, tau=buf.tau)
+    torch.testing.assert_close(buf._keys[buf._live], want[buf._live], rtol=1e-12, atol=1e-12)

@@ -377,3 +377,15 @@ def test_float32_accumulation_across_chunks():
     assert fused32[1].dtype == torch.bfloat16
     assert rel_l2(fused32[1], ref[1]) <= EAGER_FACTOR * rel_l2(eag[1], ref[1])
     assert rel_l2(fused16[1], ref[1]) <= EAGER_FACTOR * chunks ** 0.5 * rel_l2(eag[1], ref[1])
+
+
+def test_truncated_is_without_a_cap_is_the_plain_ratio():
+    """tis_logp without tis_cap: the IS factor untruncated, as policy_loss takes it (the row pass's
+    reference once raised on the missing cap)."""
+    hidden, weight, targets, mask, old, adv, w, ref = on(*make(2, 7, 16, 40, seed=8))
+    tis = old - 0.3 * torch.rand(old.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    got = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, tis_logp=tis),
+                hidden, weight, torch.float64)
+    want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, tis_logp=tis), hidden, weight, torch.float64)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
