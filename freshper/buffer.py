@@ -17,7 +17,8 @@ step count:
   priority live in device tensors; bad device-side input sets an error word instead of raising
   and the call writes nothing. `check()` reads that word at a sync the caller makes anyway and
   raises, naming the argument. Input given on the host (lists, CPU tensors for a CUDA buffer) is
-  still checked on the host, before it is copied, and raises at once.
+  still checked on the host, before it is copied, and raises at once, except whether an index
+  points at a live slot: the live flags are on the device, so that one surfaces at `check()`.
 
 Every public method validates all of its input before it changes any state.
 """

@@ -1,7 +1,8 @@
 """The buffer's GPU step, proved on the CPU: add + sample + update_priorities with no host sync
 (sampler "scan" and "triton" under the interpreter take the code path CUDA takes), the same
 distribution as the CPU tree, duplicates resolved last-wins by the one write kernel, and bad
-device-side input caught at `check()` with nothing written."""
+device-side input caught at `check()` with nothing written. On a GPU (tests/device.py) the
+"triton" cases run on CUDA with the compiled kernels and inputs made on the device."""
 import pytest
 import torch
 
@@ -9,15 +10,23 @@ from freshper import ReplayBuffer
 from freshper.kernels.slot_write import write_slots_reference, write_slots_triton
 from freshper.profiling.host_syncs import HostSyncs
 
+from ..device import DEVICE
 from .helpers import filled
 from .test_buffer import assert_unchanged, snapshot
 
 SAMPLERS = ["scan", "triton"]
 
 
+def where(sampler: str) -> str:
+    """The triton sampler's device: CUDA where the tests run compiled, else the CPU interpreter."""
+    return DEVICE if sampler == "triton" else "cpu"
+
+
 def step_once(buf, g, step, b=16):
-    buf.add(torch.rand(b, generator=g, dtype=torch.float64) + 0.1, step=step,
-            tok=torch.randint(0, 9, (b, 5), generator=g), ret=torch.randn(b, generator=g))
+    """add + sample + update on inputs made on the buffer's device (g is a generator there)."""
+    d = buf.device
+    buf.add(torch.rand(b, generator=g, dtype=torch.float64, device=d) + 0.1, step=step,
+            tok=torch.randint(0, 9, (b, 5), generator=g, device=d), ret=torch.randn(b, generator=g, device=d))
     batch = buf.sample(8)
     buf.update_priorities(batch.indices, batch.weights + 0.25)
     return batch
@@ -26,8 +35,8 @@ def step_once(buf, g, step, b=16):
 @pytest.mark.parametrize("insert", ["own", "max", "max-one-step"])
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_step_makes_no_host_sync(sampler, insert):
-    g = torch.Generator().manual_seed(0)
-    buf = ReplayBuffer(64, sampler=sampler, sync_free=True, insert=insert, tau=20.0)
+    buf = ReplayBuffer(64, sampler=sampler, sync_free=True, insert=insert, tau=20.0, device=where(sampler))
+    g = torch.Generator(device=buf.device).manual_seed(0)
     step_once(buf, g, 0)
     with HostSyncs() as syncs:
         for step in range(1, 4):
@@ -53,7 +62,7 @@ def test_same_distribution_as_the_tree(sampler, insert):
     equal probabilities, live slots, counters and maximum priority."""
     g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
     tree = ReplayBuffer(40, sampler="tree", insert=insert, tau=9.0)
-    dev = ReplayBuffer(40, sampler=sampler, sync_free=True, insert=insert, tau=9.0)
+    dev = ReplayBuffer(40, sampler=sampler, sync_free=True, insert=insert, tau=9.0, device=where(sampler))
     for step in range(6):
         for buf, g in ((tree, g1), (dev, g2)):
             p = torch.rand(12, generator=g, dtype=torch.float64) * 2
@@ -62,8 +71,8 @@ def test_same_distribution_as_the_tree(sampler, insert):
             idx = live[torch.randint(0, live.numel(), (10,), generator=g)]
             idx[3] = idx[7]  # a duplicate: the last value wins
             buf.update_priorities(idx, torch.rand(10, generator=g, dtype=torch.float64) * 4)
-        torch.testing.assert_close(dev.probabilities(), tree.probabilities(), rtol=1e-12, atol=1e-300)
-        assert torch.equal(dev._live, tree._live) and torch.equal(dev._birth, tree._birth)
+        torch.testing.assert_close(dev.probabilities().cpu(), tree.probabilities(), rtol=1e-12, atol=1e-300)
+        assert torch.equal(dev._live.cpu(), tree._live) and torch.equal(dev._birth.cpu(), tree._birth)
         assert len(dev) == len(tree) and dev._next == tree._next
         assert dev.max_priority == tree.max_priority
     dev.check()
@@ -71,22 +80,23 @@ def test_same_distribution_as_the_tree(sampler, insert):
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_bad_device_input_is_caught_at_check(sampler):
-    buf = filled("freshper", sampler=sampler, sync_free=True)
+    buf = filled("freshper", sampler=sampler, sync_free=True, device=where(sampler))
+    d = buf.device  # device input is checked on the device: deferred to check()
     snap = snapshot(buf)
     live = buf._live.nonzero().squeeze(1)
-    buf.update_priorities(live[:3], torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64))
+    buf.update_priorities(live[:3], torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float64, device=d))
     assert_unchanged(buf, snap)  # nothing written, nothing raised yet
     buf.add(torch.ones(4, dtype=torch.float64), step=buf.step, tok=torch.zeros(4, 5, dtype=torch.long),
             ret=torch.zeros(4))  # a good call after an uncollected error writes nothing either
-    assert torch.equal(buf._keys, snap[2])
+    assert torch.equal(buf._keys, snap[2].to(d))
     with pytest.raises(ValueError, match="priority must be finite"):
         buf.check()
     buf.check()  # collected: the word is clear
     empty = (~buf._live).nonzero().squeeze(1)[:1]
-    buf.update_priorities(torch.cat([live[:1], empty]), torch.ones(2, dtype=torch.float64))
+    buf.update_priorities(torch.cat([live[:1], empty]), torch.ones(2, dtype=torch.float64, device=d))
     with pytest.raises(ValueError, match="indices must point at live slots"):
         buf.check()
-    buf.update_priorities(torch.tensor([0, buf.capacity]), torch.ones(2, dtype=torch.float64))
+    buf.update_priorities(torch.tensor([0, buf.capacity], device=d), torch.ones(2, dtype=torch.float64, device=d))
     with pytest.raises(ValueError, match="indices must lie in"):
         buf.check()
 
@@ -124,11 +134,12 @@ def test_write_kernel_matches_reference(case):
               active=(torch.rand(40, generator=g) > 0.3) if case == "active" else None,
               at=torch.tensor([2.5], dtype=torch.float64) if case == "at" else None, boosted=case == "active")
     a = {k: v.clone() for k, v in base.items()}
-    b = {k: v.clone() for k, v in base.items()}
+    b = {k: v.clone().to(DEVICE) for k, v in base.items()}
     write_slots_reference(a, slots, p, **kw)
-    write_slots_triton(b, slots, p, **kw)
+    on_dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    write_slots_triton(b, slots.to(DEVICE), p.to(DEVICE), **on_dev)
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-15, atol=0, msg=k)
+        torch.testing.assert_close(b[k].cpu(), a[k], rtol=1e-15, atol=0, msg=k)
     assert int(a["err"]) == (1 if case == "bad" else 0)
     assert (a["scratch"] == -1).all()
     if case == "plain":  # last occurrence wins

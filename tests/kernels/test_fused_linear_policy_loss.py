@@ -304,7 +304,7 @@ def test_no_host_sync(path, level, monkeypatch):
 
     if path == "triton":
         monkeypatch.setattr(mod, "rows", rows_triton)
-    hidden, weight, targets, mask, old, adv, w, ref = make(2, 16, 16, 64, seed=4, dtype=torch.float32)
+    hidden, weight, targets, mask, old, adv, w, ref = on(*make(2, 16, 16, 64, seed=4, dtype=torch.float32))
     h, wt = hidden.requires_grad_(True), weight.requires_grad_(True)
     n = int(mask.sum())
     want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, ref_logp=ref, kl_coef=0.1,
