@@ -117,13 +117,24 @@ def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path,
             raise ValueError(f"--resume {run_dir}: {', '.join(fixed)} cannot change within a run; --resume may "
                              f"change {', '.join(C.resumable())}")
         cfg = C.load("frozenlake", str(run_dir / "config.yaml"), overrides, run_config=True)
+        _refuse_missing(cfg)
         return cfg, run_dir, True
     preset = args.preset or DEFAULT_PRESET
     cfg = C.load(preset, args.config, overrides)
+    _refuse_missing(cfg)
     run_dir = run_dir_for(cfg, preset)
     if check_folder:
         check_free(run_dir)
     return cfg, run_dir, False
+
+
+def _refuse_missing(cfg: C.Config) -> None:
+    """What this machine lacks for cfg (vLLM, flash-attn), refused before anything is built."""
+    from .config.checks import missing_install
+
+    missing = missing_install(cfg)
+    if missing:
+        raise ValueError(missing)
 
 
 def check_free(run_dir: Path) -> None:
@@ -192,7 +203,6 @@ def cmd_train(argv) -> int:
     """One process, or every rank of a torchrun job: rank 0 checks and locks the run folder and
     its verdict reaches all ranks before anything is written."""
     from . import dist as D
-    from .config.checks import missing_install
     from .dist import check_world
 
     p = _train_parser("freshper train", argv)
@@ -201,9 +211,6 @@ def cmd_train(argv) -> int:
     try:
         cfg, run_dir, resume = build_config(args, rest, check_folder=False)
         check_world(cfg, world)
-        missing = missing_install(cfg)
-        if missing:
-            raise ValueError(missing)
     except ValueError as e:
         p.error(str(e))
     d = D.init(cfg.train.device)
