@@ -11,9 +11,10 @@ if __name__ == "kernels":  # the folder imported by its bare name from the check
     defer_to_installed(__name__)
     del defer_to_installed
 else:
-    from .fused_linear_policy_loss import fused_linear_policy_loss, token_logprobs
+    from .fused_linear_policy_loss import LogitsGemm, fused_linear_policy_loss, token_logprobs
     from .policy_loss import AGGREGATIONS, loss_and_grad, policy_loss, policy_loss_reference, policy_loss_triton
     from .sampler import sample, sample_reference, sample_triton
 
     __all__ = ["policy_loss", "fused_linear_policy_loss", "policy_loss_reference", "policy_loss_triton",
-               "loss_and_grad", "token_logprobs", "sample", "sample_reference", "sample_triton", "AGGREGATIONS"]
+               "loss_and_grad", "token_logprobs", "LogitsGemm", "sample", "sample_reference", "sample_triton",
+               "AGGREGATIONS"]

@@ -19,9 +19,14 @@ four GEMMs).
 
 Numerics follow eager bf16 autograd: logits rounded to the inputs' dtype by the GEMM,
 log-softmax and its gradient in float32, the gradient rounded once to the inputs' dtype before
-the two backward GEMMs. grad_weight accumulates over chunks in the weight's dtype (one rounding
-per chunk) or, with `accum_dtype=torch.float32`, in a float32 buffer rounded once at the end
-(eager's single rounding, at 4 V H bytes more).
+the two backward GEMMs. With `logits_dtype=torch.float32` GEMM 1 keeps its float32 accumulator
+instead of rounding the logits (cuBLAS's out_dtype: the same FLOPs, twice the buffer's bytes; on
+the CPU an exact upcast and a float32 GEMM). A bf16 logit is off by up to half a bf16 spacing,
+0.06 nats at |z| = 16, and that rounding doubles the log-prob gap between an engine's decode and
+the trainer's forward at one set of weights (results/benchmarks/mismatch-sources-cpu-2026-12-06/).
+grad_weight accumulates over chunks in the weight's dtype (one rounding per chunk) or, with
+`accum_dtype=torch.float32`, in a float32 buffer rounded once at the end (eager's single
+rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
 
 Host synchronisation: none when the caller passes `n_active` (the trainer knows it from the one
 sync a micro-batch already has) and `check=False`. Otherwise one read of the mask's sum and, with
@@ -55,18 +60,52 @@ def default_chunk(n_tokens: int, vocab: int, dtype: torch.dtype, device: str | t
     return max(1, min(rows_, n_tokens))
 
 
+def _out_dtype(run) -> bool:
+    """Whether `run()`, a matmul with out_dtype=float32 on CUDA, ran (probed once per process)."""
+    global _MM_OUT_DTYPE
+    if _MM_OUT_DTYPE is False:
+        return False
+    try:
+        run()
+    except (RuntimeError, TypeError):
+        _MM_OUT_DTYPE = False
+        return False
+    _MM_OUT_DTYPE = True
+    return True
+
+
 def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b with acc float32 and a, b in a low-precision dtype, products accumulated in
     float32 (cuBLAS's out_dtype where this torch has it; exact upcasts elsewhere)."""
-    global _MM_OUT_DTYPE
-    if a.is_cuda and _MM_OUT_DTYPE is not False:
-        try:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-            _MM_OUT_DTYPE = True
-            return
-        except (RuntimeError, TypeError):
-            _MM_OUT_DTYPE = False
+    if a.is_cuda and _out_dtype(lambda: torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)):
+        return
     torch.addmm(acc, a.float(), b.float(), out=acc)
+
+
+class LogitsGemm:
+    """GEMM 1: out = h @ weight.T in out's dtype. Where out is float32 and the operands are of a
+    lower precision, the products are accumulated and kept in float32: cuBLAS's out_dtype on
+    CUDA, else an exact upcast of the operands (the weight's once per call) and a float32 GEMM."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.up = weight, None
+
+    def __call__(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if out.dtype == h.dtype:
+            return torch.mm(h, w.T, out=out)
+        if h.is_cuda and _out_dtype(lambda: torch.mm(h, w.T, out_dtype=out.dtype, out=out)):
+            return out
+        if self.up is None:
+            self.up = w.to(out.dtype)
+        return torch.mm(h.to(out.dtype), self.up.T, out=out)
+
+
+def _logits_dtype(logits_dtype: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
+    """The logits buffer's dtype: `dtype` (the operands') unless float32 is asked for."""
+    if logits_dtype not in (None, torch.float32):
+        raise ValueError(f"logits_dtype must be None or torch.float32, got {logits_dtype!r}")
+    return logits_dtype or dtype
 
 
 def _active(mask: torch.Tensor, n_active: int | None) -> torch.Tensor:
@@ -87,23 +126,27 @@ def _per_token(t, active, shape, dtype=torch.float32):
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                   chunk_size: int | None = None, exclude: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk_size: int | None = None, exclude: torch.Tensor | None = None,
+                   logits_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target) and logsumexp of the logits, both (N,) float32, for hidden (N, H),
     weight (V, H), targets (N,) int64, never holding more than one (chunk_size, V) buffer of
     logits; one GEMM. log pi <= 0 exactly: the target logit is read from the same row as the lse.
     `exclude` (int64 vocabulary ids): tokens the sampler never draws (an engine's suppressed
-    tokens), taken out of the softmax as -inf logits, so pi is the distribution sampled from."""
+    tokens), taken out of the softmax as -inf logits, so pi is the distribution sampled from.
+    `logits_dtype`: None (the weight's) or torch.float32: float32 logits from bf16 or fp16
+    operands (the module docstring)."""
     n, V = hidden.shape[0], weight.shape[0]
-    chunk_size = chunk_size or default_chunk(n, V, weight.dtype, hidden.device)
+    ldt = _logits_dtype(logits_dtype, weight.dtype)
+    chunk_size = chunk_size or default_chunk(n, V, ldt, hidden.device)
     if exclude is not None:
         exclude = exclude.to(hidden.device)
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    buf = torch.empty((min(chunk_size, n), V), dtype=weight.dtype, device=hidden.device)
+    buf = torch.empty((min(chunk_size, n), V), dtype=ldt, device=hidden.device)
+    logits = LogitsGemm(weight)
     for s in range(0, n, chunk_size):
         e = min(s + chunk_size, n)
-        z = torch.mm(hidden[s:e], weight.T, out=buf[:e - s])
+        z = logits(hidden[s:e], buf[:e - s])
         if exclude is not None:
             z.index_fill_(1, exclude, -float("inf"))
         logp[s:e], lse[s:e], _ = rows(z, targets[s:e], mode="logp")
@@ -121,7 +164,8 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         dev, dt = hidden.device, weight.dtype
         h = hidden.reshape(-1, H).index_select(0, active)
         y = targets.reshape(-1).index_select(0, active)
-        chunk = opts["chunk_size"] or default_chunk(n, V, dt, dev)
+        ldt = opts["logits_dtype"] or dt
+        chunk = opts["chunk_size"] or default_chunk(n, V, ldt, dev)
         exclude = opts["exclude"]
         m = mask.reshape(B, T).to(torch.float32)
         coef = _row_coef(m.sum(1), kw["agg"])  # d loss / d (row's sum of token terms), from the mask
@@ -141,29 +185,36 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         terms = torch.empty((n, 4), dtype=torch.float32, device=dev)
         g = None
         if sequence:  # the loss couples a row's tokens: log-probs first, then its gradient
-            logp_a, lse_a = token_logprobs(h, weight, y, chunk_size=chunk, exclude=exclude)
+            logp_a, lse_a = token_logprobs(h, weight, y, chunk_size=chunk, exclude=exclude,
+                                           logits_dtype=opts["logits_dtype"])
             full = torch.zeros(B * T, dtype=torch.float32, device=dev).index_copy_(0, active, logp_a)
             old = full.view(B, T) if old_logp is None else old_logp
             loss, dlogp, stats = loss_and_grad(full.view(B, T), old, advantages, mask, weights, **kw)
-            g = dlogp.reshape(-1).index_select(0, active).float()
-        buf = torch.empty((min(chunk, n), V), dtype=dt, device=dev)
+            g = dlogp.reshape(-1).index_select(0, active).float() * opts["grad_scale"]
+        # the row pass forms the gradient of grad_scale x loss, so that fp16 keeps its small parts
+        row_coef = tok["coef"] * opts["grad_scale"] if opts["grad_scale"] != 1.0 else tok["coef"]
+        buf = torch.empty((min(chunk, n), V), dtype=ldt, device=dev)
+        logits = LogitsGemm(weight)
         if not sequence or grad:
             row_kw = dict(clip_low=kw["clip_low"], clip_high=kw["clip_high"], kl_coef=kw["kl_coef"],
                           tis_cap=kw["tis_cap"], cispo=kw["loss"] == "cispo")
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
-                z = torch.mm(h[s:e], weight.T, out=buf[:e - s])  # GEMM 1 (2 in a two-pass loss)
+                z = logits(h[s:e], buf[:e - s])  # GEMM 1 (2 in a two-pass loss)
                 if exclude is not None:
                     z.index_fill_(1, exclude, -float("inf"))
                 if sequence:
                     rows(z, y[s:e], mode="given", g=g[s:e], lse=lse_a[s:e])
                 else:
                     part = {k: (v[s:e] if v is not None else None) for k, v in tok.items()}
+                    part["coef"] = row_coef[s:e]
                     lp, _, te = rows(z, y[s:e], mode="loss" if grad else "logp", **part, **row_kw)
                     logp_a[s:e] = lp
                     if te is None:  # no gradient wanted: the terms alone
                         te = _terms_only(lp, part, row_kw)
                     terms[s:e] = te
+                if grad and ldt != dt:  # the gradient rounded once to the operands' dtype, as eager's
+                    z = z.to(dt)
                 if need_h:
                     torch.mm(z, weight, out=grad_h[s:e])  # GEMM 2
                 if need_w:
@@ -187,6 +238,7 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
         ctx.need = (need_h, need_w)
         ctx.done = False
+        ctx.grad_scale = opts["grad_scale"]
         outs = [stats[k] for k in _STATS] + [logp]
         ctx.mark_non_differentiable(*outs)
         return (loss.float(), *outs)
@@ -200,6 +252,8 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         saved = list(ctx.saved_tensors)
         need_h, need_w = ctx.need
         # scaled in place: a copy would add a (V, H) tensor to the peak; a 0-d grad_out keeps bf16 bf16
+        if ctx.grad_scale != 1.0:
+            grad_out = grad_out / ctx.grad_scale
         gh = saved.pop(0).mul_(grad_out) if need_h else None
         gw = saved.pop(0).mul_(grad_out) if need_w else None
         return (gh, gw, None, None, None, None, None, None, None)
@@ -218,7 +272,8 @@ def _terms_only(lp, part, row_kw):
 def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, mask, weights=None, *,
                              clip_low=0.2, clip_high=0.2, agg="token-mean", ref_logp=None, kl_coef=0.0,
                              tis_logp=None, tis_cap=None, loss="clip", ratio_level="token", chunk_size=None,
-                             return_stats=False, exclude=None, n_active=None, check=True, accum_dtype=None):
+                             return_stats=False, exclude=None, n_active=None, check=True, accum_dtype=None,
+                             logits_dtype=None, grad_scale=1.0):
     """`policy_loss` on log pi(targets) = log_softmax(hidden @ lm_weight.T)[targets], computed
     chunk by chunk: hidden (B, T, H), lm_weight (V, H) of hidden's dtype, targets (B, T) int64;
     the rest as in `policy_loss` (`loss`, `ratio_level` too). Differentiable w.r.t. hidden and
@@ -232,7 +287,13 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     old_logp None: the old policy is the current one (ratio 1); stats["logp"] returns them.
     n_active: the number of non-zero mask entries, if the caller knows it (no host sync).
     check: check the targets on the host (syncs); off, bad targets give NaN (see the module).
-    accum_dtype: None (the weight's dtype) or torch.float32 for grad_weight across chunks."""
+    accum_dtype: None (the weight's dtype) or torch.float32 for grad_weight across chunks.
+    logits_dtype: None (the weight's dtype) or torch.float32: GEMM 1 keeps float32 logits (the
+        module docstring); the gradient is still rounded to the weight's dtype for GEMMs 2 and 3.
+    grad_scale: the loss scale S of a dynamic loss-scaling caller, which backpropagates S x loss.
+        The gradients are formed in the forward, before that incoming gradient exists, so they
+        are formed for S x loss (rounded to fp16 at that scale, not underflowing) and the
+        backward divides S out of the incoming gradient. The loss returned is not scaled."""
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}")
     if lm_weight.dim() != 2 or lm_weight.shape[1] != hidden.shape[2]:
@@ -250,6 +311,10 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
         raise ValueError(f"n_active must be an int in [0, {mask.numel()}] or None, got {n_active!r}")
     if accum_dtype not in (None, torch.float32):
         raise ValueError(f"accum_dtype must be None or torch.float32, got {accum_dtype!r}")
+    _logits_dtype(logits_dtype, lm_weight.dtype)
+    if isinstance(grad_scale, bool) or not isinstance(grad_scale, (int, float)) or \
+            not (0 < grad_scale < float("inf")):
+        raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale!r}")
     check_inputs(torch.empty(hidden.shape[:2], device="meta"), old_logp, advantages, mask, weights, clip_low,
                  clip_high, agg, ref_logp, kl_coef, tis_logp, tis_cap, loss, ratio_level)
     if exclude is not None:
@@ -268,7 +333,8 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     kw = dict(clip_low=clip_low, clip_high=clip_high, agg=agg, ref_logp=ref_logp, kl_coef=kl_coef,
               tis_logp=tis_logp, tis_cap=tis_cap, loss=loss, ratio_level=ratio_level)
     opts = dict(need=(grad_on and hidden.requires_grad, grad_on and lm_weight.requires_grad), n_active=n_active,
-                chunk_size=chunk_size, exclude=exclude, accum_dtype=accum_dtype)
+                chunk_size=chunk_size, exclude=exclude, accum_dtype=accum_dtype, logits_dtype=logits_dtype,
+                grad_scale=float(grad_scale))
     out, *stats = _FusedLinearPolicyLoss.apply(
         hidden, lm_weight, targets, None if old_logp is None else old_logp.detach(), advantages.detach(), mask,
         weights.detach() if weights is not None else None, kw, opts)

@@ -389,3 +389,51 @@ def test_truncated_is_without_a_cap_is_the_plain_ratio():
     want = grads(lambda a, b: eager(a, b, targets, mask, old, adv, w, tis_logp=tis), hidden, weight, torch.float64)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["confident", "unconfident"])
+def test_float32_logits_from_bf16_operands(kind):
+    """logits_dtype=float32 on bf16 hidden and head: log-probs as near float64 (of the same
+    bf16-rounded operands) as an eager float32 GEMM's, where rounding the logits to bf16 (the
+    default, and the mutant this rejects) is far outside that; the loss's gradients still within
+    eager bf16's error, and its log-probs the same as token_logprobs'."""
+    h, w, y, mask, old, adv = bf16_case(kind, 3)
+    hs, ys = h.reshape(-1, h.shape[-1]), y.reshape(-1)
+    want = torch.log_softmax(hs.double() @ w.double().T, -1).gather(-1, ys[:, None])[:, 0]
+    f32 = torch.log_softmax(hs.float() @ w.float().T, -1).gather(-1, ys[:, None])[:, 0]
+    bound = EAGER_FACTOR * float((f32.double() - want).abs().max()) + 1e-7
+    lp, _ = token_logprobs(hs, w, ys, chunk_size=8, logits_dtype=torch.float32)
+    lp16, _ = token_logprobs(hs, w, ys, chunk_size=8)
+    assert float((lp.double() - want).abs().max()) <= bound
+    assert float((lp16.double() - want).abs().max()) > 10 * bound
+    fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=16, logits_dtype=torch.float32)
+    assert fused[0].dtype == torch.bfloat16 and within_eager(fused, ref, eag)
+    _, st = fused_linear_policy_loss(h, w, y, old, adv, mask, chunk_size=16, logits_dtype=torch.float32,
+                                     return_stats=True)
+    sel = mask.reshape(-1).bool()
+    torch.testing.assert_close(st["logp"].reshape(-1)[sel], lp[sel], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="logits_dtype must be None or torch.float32"):
+        fused_linear_policy_loss(h, w, y, old, adv, mask, logits_dtype=torch.float64)
+
+
+def test_fp16_gradients_survive_with_a_loss_scale():
+    """fp16 operands and small advantages: unscaled, the gradient d loss / d logits (~1e-9) is
+    below fp16's smallest subnormal (6e-8) and rounds to 0. With grad_scale S (the caller
+    backpropagates S x loss) it is formed at S x its size, and the gradients divided by S are
+    within EAGER_FACTOR x eager fp16's (with the same scaling) error against float64. Without
+    the scale the same criterion fails: that is the underflow this option exists for."""
+    hidden, weight, targets, mask, old, adv, _, _ = make(2, 24, 128, 600, 5, dtype=torch.float32)
+    mask[0] = True
+    h, w, y, mask, old, adv = on(hidden.half(), weight.half(), targets, mask, old, adv * 1e-4)
+    S = 2.0 ** 16
+    rest = (y, old, adv, mask)
+    fused = lambda a, b: fused_linear_policy_loss(a, b, *rest, chunk_size=16, grad_scale=S) * S  # noqa: E731
+    scaled = [g.double() / S for g in grads(fused, h, w, torch.float16)]
+    plain = grads(lambda a, b: fused_linear_policy_loss(a, b, *rest, chunk_size=16), h, w, torch.float16)
+    eag = [g.double() / S for g in grads(lambda a, b: eager(a, b, y, mask, old, adv) * S, h, w, torch.float16)]
+    ref = grads(lambda a, b: eager(a, b, y, mask, old, adv), h, w, torch.float64)
+    assert within_eager(scaled, ref, eag), [(rel_l2(a, r), rel_l2(e, r)) for a, r, e in zip(scaled, ref, eag)]
+    assert not within_eager(plain, ref, eag)
+    assert float((plain[1] == 0).float().mean()) > 0.9  # the unscaled head gradient underflowed
+    with pytest.raises(ValueError, match="grad_scale must be a finite number > 0"):
+        fused_linear_policy_loss(h, w, *rest, grad_scale=0.0)
