@@ -158,6 +158,9 @@ def check_world(cfg: "Config", world: int) -> None:
     if cfg.model.lora_rank:  # FSDP2 with frozen base weights and an adapter-only checkpoint: not built yet
         bad.append(f"model.lora_rank={cfg.model.lora_rank}: LoRA runs on one process; use model.lora_rank=0 "
                    "on several ranks")
+    if cfg.model.dtype == "float16":  # FSDP2 would need a sharded loss scale: not built
+        bad.append("model.dtype=float16: fp16's loss scaling runs on one process; use model.dtype bfloat16 on "
+                   "several ranks")
     if bad:
         raise ValueError(f"WORLD_SIZE={world}: " + "; ".join(bad))
 

@@ -119,6 +119,10 @@ def validate(cfg: Config) -> None:
         if not getattr(env_class(cfg.env.name), "has_solver", lambda: False)():
             raise ValueError(f"train.sft_replies='solver' needs an environment with a solver "
                              f"({', '.join(solver_envs())}), got env.name={cfg.env.name!r}")
+    if cfg.model.dtype == "float16" and (cfg.train.sft_steps or cfg.train.perception_steps):
+        raise ValueError(f"model.dtype=float16: the warm starts (train.sft_steps={cfg.train.sft_steps}, "
+                         f"train.perception_steps={cfg.train.perception_steps}) have no loss scaling; set both "
+                         "to 0 or use model.dtype bfloat16 or float32")
     if cfg.model.init == "random":
         from ..model.random_init import random_init_refusal
 

@@ -78,9 +78,16 @@ class ModelConfig:
         rule=lambda v: 1 <= v <= 64, allowed="in [1, 64]", bad='0')
     tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations",
         rule=lambda v: 264 <= v <= 65536, allowed="in [264, 65536] (256 bytes + specials + merges)", bad='10')
-    dtype: str = opt("auto", "compute dtype: auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16; with bf16 "
-        "the trainable weights stay float32 masters and forwards run under autocast",
-        choices=("auto", "float32", "bfloat16"), bad='float8')
+    dtype: str = opt("auto", "compute dtype: auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16; "
+        "with bf16 or fp16 the trainable weights stay float32 masters and forwards run under autocast; fp16 "
+        "adds dynamic loss scaling (one process, no warm starts; on a CPU without fp16 matmul instructions "
+        "it runs, an update about 20x slower than in float32)",
+        choices=("auto", "float32", "bfloat16", "float16"), bad='float8')
+    logits_dtype: str = opt("float32", "the LM head's output, where every log-prob comes from, under a bf16 or fp16 "
+        "compute dtype: float32 (the GEMM's float32 accumulator kept, in the trainer and the HF engine alike; about "
+        "halves their log-prob mismatch; on CUDA the same FLOPs, on the CPU a float32 head GEMM) | compute (rounded to "
+        "the compute dtype, as eager autocast does; vLLM's logits are always this); no effect in float32",
+        choices=("float32", "compute"), bad='float64')
     attn: str = opt("auto", "auto: flash_attention_2 on CUDA if flash-attn imports, else sdpa | sdpa | eager",
         choices=("auto", "sdpa", "eager", "flash_attention_2"), bad='flash', resume=True)
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory",

@@ -11,7 +11,7 @@ def make_engine(kind: str, model, tokenizer, cfg, device, model_path: str | None
 
         r = cfg.rollout
         return HFEngine(model, tokenizer, share_prefix=cfg.model.share_prefix, turn_cache=r.turn_cache,
-                        kv_room=r.kv_room, gqa=r.gqa_sdpa)
+                        kv_room=r.kv_room, gqa=r.gqa_sdpa, logits32=cfg.model.logits_dtype == "float32")
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 

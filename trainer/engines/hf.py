@@ -12,7 +12,7 @@ from transformers import GenerationConfig
 
 from ..model.cache_name import cache_kwarg, output_cache
 from ..model.load import full_attention, stop_token_ids
-from ..model.precision import autocast
+from ..model.precision import autocast, float32_logits
 from .base import Engine, Generation, Sampling, cut_at_stop
 from .gqa_sdpa import gqa_sdpa
 from .kv_room import room_cache
@@ -23,14 +23,16 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, model, tokenizer, share_prefix: bool = True, turn_cache: bool = True, kv_room: bool = True,
-                 gqa: bool = True):
+                 gqa: bool = True, logits32: bool = True):
         """`share_prefix`: prefill each distinct prompt of a batch once (a GRPO group's rows
         repeat one prompt) and start every row's generation from its prompt's cache.
         `turn_cache`: keep each episode's key/value cache between its turns (generate's `keys`),
         so a turn prefills only its new tokens (turn_cache.py); text models with full attention.
         `kv_room`: a cache that decodes into room allocated ahead instead of copying itself at
         every token (kv_room.py); text models with full attention. `gqa`: on CPU, attention on the
-        key/value heads as they are, not expanded to every query head (gqa_sdpa.py)."""
+        key/value heads as they are, not expanded to every query head (gqa_sdpa.py). `logits32`: under a
+        bf16 compute dtype, sample from and record float32 logits (precision.float32_logits), as
+        the trainer computes them under `model.logits_dtype float32`."""
         self.model = model
         self.tok = tokenizer
         self.stops = stop_token_ids(tokenizer)
@@ -40,6 +42,7 @@ class HFEngine(Engine):
         self.turns = TurnCache() if turn_cache and plain else None
         self.room = kv_room and plain
         self.gqa = gqa
+        self.logits32 = logits32
 
     def release(self, keys) -> None:
         if self.turns is not None:
@@ -133,7 +136,7 @@ class HFEngine(Engine):
             cache = self._with_room(cache, max_new_tokens if cache is None else 1 + max_new_tokens)
             if cache is not None:
                 extra = {cache_kwarg(self.model): cache}
-        with gqa_sdpa(self.model, self.gqa), autocast(self.model):  # float32 masters: the trainer's compute dtype
+        with gqa_sdpa(self.model, self.gqa), autocast(self.model), float32_logits(self.model, self.logits32):
             out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                                       generation_config=gen_cfg, **extra)
         self.model.train(was_training)

@@ -183,6 +183,9 @@ def load_policy(cfg: Config, device: torch.device):
 
     path = model_path(cfg)
     dtype = pick_dtype(cfg, device)
+    if dtype == torch.float16 and device.type == "cpu":
+        log.warning("model.dtype float16 on the CPU: most x86 CPUs have no fp16 matmul instructions; on "
+                    "EPYC-AVX512 the default job's update took 22x its float32 time (docs/training.md, Precision)")
     attn = pick_attention(cfg, device)
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token_id is None:

@@ -31,6 +31,7 @@ from ..config import Config
 from ..dist import SINGLE, Dist
 from .load import full_attention
 from .lora import adapters_off, has_lora
+from .loss_scale import LossScale
 from .precision import compute_dtype as run_compute_dtype
 from .prefix import reply_starts, share_order
 from .sharding import PolicyNet, shard
@@ -77,6 +78,8 @@ class Policy:
         self.cfg, self.device, self.dist = cfg, device, dist
         self.stand_in = stand_in
         self.exclude = torch.tensor(exclude_ids, dtype=torch.long, device=device) if exclude_ids else None
+        # float32 logits from bf16 operands, as the HF engine samples from (model.logits_dtype)
+        self.logits_dtype = torch.float32 if cfg.model.logits_dtype == "float32" else None
         a = cfg.algo
         # the KL reference: a frozen copy, or for a LoRA run the base itself, its adapters switched off
         self.ref_is_base = a.kl_coef > 0 and has_lora(model)
@@ -96,6 +99,13 @@ class Policy:
         self.opt = torch.optim.AdamW([p for p in self.net.parameters() if p.requires_grad], lr=a.lr,
                                      weight_decay=a.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(a.lr_schedule, a.warmup_steps, total_steps))
+        # fp16 compute: dynamic loss scaling (one process; config/checks.py refuses fp16 on several ranks)
+        self.loss_scale = LossScale() if (compute_dtype if dist.on else compute) == torch.float16 else None
+
+    def scale_stats(self) -> dict:
+        """The fp16 loss scale and the updates it skipped so far, for the metrics; {} otherwise."""
+        s = self.loss_scale
+        return {} if s is None else {"loss_scale": s.scale, "skipped_updates": s.skipped}
 
     def _micro_batches(self, rows: int) -> int:
         """How many micro-batches every rank runs: the most any rank needs (FSDP2 gathers the
@@ -167,7 +177,8 @@ class Policy:
             tk, mk = tokens[sl, :n].long(), mask[sl, :n]
             sel = mk[:, 1:]
             lp = net(tk, lengths[sl],
-                     lambda h, w: token_logprobs(h[sel], w, tk[:, 1:][sel], exclude=self.exclude)[0],
+                     lambda h, w: token_logprobs(h[sel], w, tk[:, 1:][sel], exclude=self.exclude,
+                                                 logits_dtype=self.logits_dtype)[0],
                      starts=None if starts is None else starts[sl],
                      **(vision.kwargs(sl, tk) if vision is not None else {}))
             block = out[sl, 1:n]
@@ -235,6 +246,7 @@ class Policy:
         mb = a.micro_batch
         n_micro = self._micro_batches(tokens.shape[0])
         silent = self._silent(adv, resp, ref_logp, n_micro)
+        S = self.loss_scale.scale if self.loss_scale is not None else 1.0  # S x loss is backpropagated
         for i in range(n_micro):
             sl = slice(i * mb, (i + 1) * mb)
             # the one host sync of a micro-batch: its row width and its number of reply tokens
@@ -258,12 +270,14 @@ class Policy:
                     ref_logp=cut(ref_logp),
                     kl_coef=a.kl_coef if ref_logp is not None else 0.0,
                     tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
-                    exclude=self.exclude, n_active=n_act, check=False), starts=None if starts is None else starts[sl],
+                    exclude=self.exclude, n_active=n_act, check=False, logits_dtype=self.logits_dtype,
+                    grad_scale=S),
+                    starts=None if starts is None else starts[sl],
                     **(vision.kwargs(sl, tk) if vision is not None else {}))
             if own:  # this forward's log-probs are the old policy's: kept for the caller
                 old_logp[sl, 1:n] = st["logp"]
             if not silent[i]:
-                (loss * share).backward()
+                (loss * (share * S)).backward()
             tok_share = micro_tok / total_tok.clamp_min(1)
             sums += torch.stack([loss.detach() * share, st["clip_frac"] * tok_share, st["ratio_mean"] * tok_share,
                                  st["kl_mean"] * tok_share]).double()
@@ -272,16 +286,26 @@ class Policy:
             count = m.sum(1).clamp_min(1.0)
             row_kl[sl] = ((torch.expm1(d) - d) * m).sum(1) / count
             row_kl1[sl] = -(d * m).sum(1) / count
+        if self.loss_scale is not None:
+            self.loss_scale.unscale_(self.net.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), a.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the global norm
             grad_norm = grad_norm.full_tensor()
         sums = self.dist.sum(sums)
         vals = torch.cat([sums, grad_norm.detach().double()[None], total_tok.double()[None]]).tolist()  # one sync
-        if not math.isfinite(vals[4]):
+        finite = math.isfinite(vals[4])
+        if self.loss_scale is not None:  # fp16: an overflow halves S and skips this step
+            step = self.loss_scale.update(finite)
+        elif not finite:
             self.opt.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
-        self.opt.step()
-        self.sched.step()
+        else:
+            step = True
+        if step:
+            self.opt.step()
+            self.sched.step()
+        else:
+            self.opt.zero_grad(set_to_none=True)
         if order is not None:
             for t in (row_kl, row_kl1, *((old_logp,) if own else ())):
                 t[order] = t.clone()

@@ -56,3 +56,32 @@ def autocast(model: torch.nn.Module, enabled: bool = True):
         return contextlib.nullcontext()
     device = next(model.parameters()).device
     return torch.autocast(device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def float32_logits(model: torch.nn.Module, enabled: bool = True):
+    """A context in which `model`'s LM head returns float32 logits: its operands rounded to the
+    compute dtype, as autocast rounds them, and the GEMM's float32 accumulator kept instead of
+    rounded (freshper.kernels.LogitsGemm, what the trainer's loss and recompute use under
+    `model.logits_dtype float32`), so engine and trainer take log-probs from the same numbers. A
+    no-op without a low-precision compute dtype. The head's weight is cast once per context."""
+    dtype = compute_dtype(model)
+    head = model.get_output_embeddings() if dtype is not None and enabled else None
+    if head is None:
+        yield
+        return
+    from freshper.kernels import LogitsGemm
+
+    gemm = LogitsGemm(head.weight.detach().to(dtype))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(dtype)
+        out = torch.empty((flat.shape[0], gemm.weight.shape[0]), dtype=torch.float32, device=x.device)
+        with torch.autocast(x.device.type, enabled=False):
+            return gemm(flat, out).view(*x.shape[:-1], -1)
+
+    head.forward = forward  # an instance attribute over the class's forward, removed on exit
+    try:
+        yield
+    finally:
+        del head.forward

@@ -106,7 +106,9 @@ def save(ckpt_root: Path, iteration: int, policy, buffer: ReplayBuffer | None, s
         save_weights(policy.model, tmp / "model.safetensors")
         if policy.ref_model is not None:
             save_weights(policy.ref_model, tmp / "ref_model.safetensors")
-        torch.save({"optimizer": policy.opt.state_dict(), "scheduler": policy.sched.state_dict()}, tmp / "optim.pt")
+        torch.save({"optimizer": policy.opt.state_dict(), "scheduler": policy.sched.state_dict(),
+                    **({"loss_scale": policy.loss_scale.state_dict()} if policy.loss_scale is not None else {})},
+                   tmp / "optim.pt")
         torch.save(rng_state(), tmp / "rng.pt")
         if pending is not None:
             torch.save(pending, tmp / "pending.pt")
@@ -250,6 +252,8 @@ def load(path: Path, policy, buffer_device, beta, dist: Dist = SINGLE
             opt = torch.load(path / "optim.pt", weights_only=True)
             policy.opt.load_state_dict(opt["optimizer"])
             policy.sched.load_state_dict(opt["scheduler"])
+            if policy.loss_scale is not None and "loss_scale" in opt:  # fp16: the scale it had found
+                policy.loss_scale.load_state_dict(opt["loss_scale"])
         if saved_world == dist.world:
             rng = path / ("rng.pt" if saved_world == 1 else f"rng_rank{dist.rank}.pt")
             set_rng_state(torch.load(rng, weights_only=True))

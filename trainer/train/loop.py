@@ -379,7 +379,7 @@ class Trainer:
             "loss": on["loss"], "clip_frac": on["clip_frac"],
             "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
             **logp_check, "weight_sync_s": sync_s,
-            "updates": self.policy.sched.last_epoch, **extra_passes,
+            "updates": self.policy.sched.last_epoch, **self.policy.scale_stats(), **extra_passes,
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }

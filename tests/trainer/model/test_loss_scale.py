@@ -1,0 +1,93 @@
+"""fp16 compute with dynamic loss scaling (trainer/model/loss_scale.py, Policy.update)."""
+import copy
+
+import pytest
+import torch
+
+from freshper.trainer import config
+from freshper.trainer.model.load import load_policy
+from freshper.trainer.model.loss_scale import SMALLEST, LossScale
+from freshper.trainer.model.policy import Policy
+from freshper.trainer.model.precision import keep_masters
+
+CPU = torch.device("cpu")
+
+
+def _cfg(**over):
+    return config.load("tiny", None, {"train.sft_steps": 0, "algo.warmup_steps": 0, "algo.lr_schedule": "constant",
+                                      "algo.kl_coef": 0.0, **over})
+
+
+def _rows(vocab: int, seed: int = 0, size: float = 1.0):
+    """Four rows of 24 tokens, the last 10 of each a reply, advantages +-`size`."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (4, 24), generator=g)
+    mask = torch.zeros(4, 24, dtype=torch.bool)
+    mask[:, 14:] = True
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None] * mask.float() * size
+    return tokens, mask, adv
+
+
+def _grads(model, cfg, rows, scale=None) -> torch.Tensor:
+    """The update's gradient (masters, after unscaling), flattened in float64; `scale` fixes the
+    fp16 loss scale for this one update."""
+    policy = Policy(model, cfg, CPU)
+    if scale is not None:
+        policy.loss_scale.scale = scale
+    policy.update(*rows[:2], None, rows[2])
+    return torch.cat([p.grad.double().flatten() for p in policy.model.parameters()])
+
+
+def test_fp16_with_loss_scaling_keeps_the_gradient_that_underflows_without_it():
+    """Small advantages (1e-3) put d loss / d logits near 1e-8, under fp16's smallest subnormal.
+    With the loss scale, the fp16 update's gradient is no farther from float64's than bf16
+    autocast's (the honest baseline: bf16 has float32's range, 8x fp16's spacing); with the
+    scale held at 1 it is farther (the underflow), which is what this test exists to catch."""
+    cfg = _cfg()
+    model, _, _ = load_policy(cfg, CPU)
+    rows = _rows(model.get_input_embeddings().num_embeddings, seed=1, size=1e-3)
+    ref = _grads(copy.deepcopy(model).double(), cfg, rows)
+    err = lambda g: float((g - ref).norm() / ref.norm())  # noqa: E731
+    bf16 = err(_grads(keep_masters(copy.deepcopy(model), torch.bfloat16), cfg, rows))
+    fp16 = err(_grads(keep_masters(copy.deepcopy(model), torch.float16), cfg, rows))
+    unscaled = err(_grads(keep_masters(copy.deepcopy(model), torch.float16), cfg, rows, scale=1.0))
+    assert bf16 > 1e-4, "the baseline is not low precision: the bound would be meaningless"
+    assert fp16 <= bf16, f"fp16 with loss scaling {fp16:.2e} against bf16 {bf16:.2e}"
+    assert unscaled > bf16, f"fp16 without loss scaling {unscaled:.2e} did not lose gradient (bf16 {bf16:.2e})"
+
+
+def test_an_overflow_skips_the_step_and_halves_the_scale():
+    cfg = _cfg()
+    model, _, _ = load_policy(cfg, CPU)
+    policy = Policy(keep_masters(model, torch.float16), cfg, CPU)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    policy.loss_scale.scale = 2.0 ** 60  # S x loss overflows fp16's 65,504 in the backward
+    policy.update(*_rows(model.get_input_embeddings().num_embeddings)[:2], None,
+                  _rows(model.get_input_embeddings().num_embeddings)[2])
+    assert policy.loss_scale.scale == 2.0 ** 59 and policy.scale_stats()["skipped_updates"] == 1
+    assert all(torch.equal(a, p) for a, p in zip(before, policy.model.parameters())), "a skipped step moved weights"
+    assert policy.sched.last_epoch == 0
+
+
+def test_loss_scale_grows_backs_off_and_round_trips():
+    s = LossScale(init=8.0, interval=2)
+    assert s.update(True) and s.scale == 8.0
+    assert s.update(True) and s.scale == 16.0  # two finite steps in a row
+    assert not s.update(False) and s.scale == 8.0 and s.skipped == 1
+    t = LossScale()
+    t.load_state_dict(s.state_dict())
+    assert t.state_dict() == s.state_dict()
+    tiny = LossScale(init=SMALLEST)
+    with pytest.raises(FloatingPointError, match="loss scale fell below"):
+        tiny.update(False)
+    with pytest.raises(ValueError, match="LossScale needs"):
+        LossScale(backoff=1.5)
+
+
+def test_fp16_refusals():
+    with pytest.raises(ValueError, match="model.dtype=float16: the warm starts"):
+        config.load("tiny", None, {"model.dtype": "float16", "train.sft_steps": 2})
+    from freshper.trainer.dist import check_world
+
+    with pytest.raises(ValueError, match="fp16's loss scaling runs on one process"):
+        check_world(_cfg(**{"model.dtype": "float16", "rollout.episodes": 8, "rollout.group_size": 2}), 2)
