@@ -197,12 +197,16 @@ REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users
                           r"starts over in a later session\.", re.S)
 
 
-# Each study's registration as committed before its runs (bd7f183, 19057d7), by its SHA-256:
-# a registration may not change once a run has started, so an edit to either fails here.
+# Each study's registration as committed before its runs (bd7f183, 19057d7, and the precision
+# study's registering commit), by its SHA-256:
+# a registration may not change once a run has started, so an edit to any fails here.
 REGISTRATIONS = {
     "ce1155395655a3c11a0db26a0350e807bbe68f4601f9a74bcee42ac548e4c004": REGISTRATION,
     "09f530c6d3acd687592e26b311b508467d4a0de2c8ccd0a45347230a54323ad8": re.compile(
         r"## Pre-registered study: FreshPER on FrozenLake\n.*?no readout is taken before\.", re.S),
+    "48c772b633ce8ea1d8e1575d307e44e8263c4b7d3630014e9176fcfffa09d0b8": re.compile(
+        r"## Pre-registered study: bf16 against float32 on the CPU\n.*?\(End of the registration\. What follows is "
+        r"added as the runs come in\.\)", re.S),
 }
 
 
