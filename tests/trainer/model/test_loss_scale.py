@@ -91,3 +91,21 @@ def test_fp16_refusals():
 
     with pytest.raises(ValueError, match="fp16's loss scaling runs on one process"):
         check_world(_cfg(**{"model.dtype": "float16", "rollout.episodes": 8, "rollout.group_size": 2}), 2)
+
+
+def test_a_checkpoint_keeps_the_scale_it_had_found(tmp_path):
+    """A resumed fp16 run starts from the saved scale, not from 2^16 again (which would skip
+    steps to find it anew); a bf16 run's checkpoint has none to keep."""
+    from freshper.trainer.train import checkpoint
+
+    cfg = _cfg()
+    model, _, _ = load_policy(cfg, CPU)
+    policy = Policy(keep_masters(copy.deepcopy(model), torch.float16), cfg, CPU)
+    policy.loss_scale.load_state_dict({"scale": 512.0, "good": 7, "skipped": 3})
+    path = checkpoint.save(tmp_path / "ckpt", 1, policy, None, {"iteration": 1}, keep=2)
+    fresh = Policy(keep_masters(copy.deepcopy(model), torch.float16), cfg, CPU)
+    checkpoint.load(path, fresh, CPU, 0.4)
+    assert fresh.loss_scale.state_dict() == {"scale": 512.0, "good": 7, "skipped": 3}
+    plain = Policy(keep_masters(copy.deepcopy(model), torch.bfloat16), cfg, CPU)
+    assert plain.loss_scale is None and plain.scale_stats() == {}
+    checkpoint.load(checkpoint.save(tmp_path / "bf16", 1, plain, None, {"iteration": 1}, keep=2), plain, CPU, 0.4)
