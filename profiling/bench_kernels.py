@@ -170,9 +170,12 @@ def bench_cuda(quick: bool):
         print(f"| {B}x{T} | {t_tr:.3f} | {t_eager:.3f} | {comp} | {bytes_moved / (t_tr * 1e-3) / 1e9:.0f} |")
         results[f"loss_speedup_{B}x{T}"] = t_eager / t_tr
 
-    print("\n| fused-linear B x T, H, V, bf16 | fused (ms) | eager (ms) | fused/eager time | Liger GRPO (ms) | "
-          "CCE loss only (ms) | fused peak (GiB) | eager peak (GiB) | fused/eager memory |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    # "fused" rounds the logits to bf16, as eager does; the trainer's default (model.logits_dtype float32)
+    # keeps them in float32, timed beside it
+    print("\n| fused-linear B x T, H, V, bf16 | fused (ms) | eager (ms) | fused/eager time | "
+          "fused, float32 logits (ms) | Liger GRPO (ms) | CCE loss only (ms) | fused peak (GiB) | eager peak (GiB) | "
+          "fused/eager memory |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     # Qwen2.5-0.5B's head and SmolLM2's, at the trainer's own chunking (default_chunk), called as the
     # trainer calls it: the active-token count known, no host-side target check.
     shapes = [(4, 1024, 896, VOCAB), (4, 1024, 576, 49152)]
@@ -187,6 +190,9 @@ def bench_cuda(quick: bool):
         n_act = int(mask.sum())
         fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, n_active=n_act,
                                                           check=False), hidden, weight)
+        fused32 = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w,
+                                                            n_active=n_act, check=False, logits_dtype=torch.float32),
+                           hidden, weight)
         eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
         peaks = {}
         for label, run in (("fused", fused), ("eager", eager)):
@@ -199,11 +205,14 @@ def bench_cuda(quick: bool):
             peaks[label] = (torch.cuda.max_memory_allocated() - base) / 2**30
         t_fused = triton.testing.do_bench(fused)
         t_eager = triton.testing.do_bench(eager)
+        t_fused32 = triton.testing.do_bench(fused32)
         liger = _liger_time(hidden, weight, targets, old, adv, mask)
         cce = _cce_time(hidden, weight, targets)
-        print(f"| {B}x{T}, H={H}, V={V} | {t_fused:.2f} | {t_eager:.2f} | {t_fused / t_eager:.2f} | {liger} | {cce} | "
+        print(f"| {B}x{T}, H={H}, V={V} | {t_fused:.2f} | {t_eager:.2f} | {t_fused / t_eager:.2f} | {t_fused32:.2f} | "
+              f"{liger} | {cce} | "
               f"{peaks['fused']:.2f} | {peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
         results[f"fused_time_ratio_{B}x{T}x{H}x{V}"] = t_fused / t_eager
+        results[f"fused32_time_ratio_{B}x{T}x{H}x{V}"] = t_fused32 / t_eager
         results[f"fused_memory_ratio_{B}x{T}x{H}x{V}"] = peaks["fused"] / peaks["eager"]
     return results
 
