@@ -267,14 +267,18 @@ class Trainer:
         """How the engine's recorded log-probs compare with the trainer's recompute. Under
         unprocessed sampling (temperature 1, top_k 0, top_p 1) both are of the model's own
         distribution: `engine_trainer_logp_maxdiff` is then their largest difference, a numerical
-        check (kv cache, kernels, a stale weight sync). Otherwise the engine's are of the processed
+        check (kv cache, kernels, a stale weight sync), and `engine_trainer_logp_meanabs` the mean
+        absolute difference per response token (under bf16, the mismatch an on-policy ratio sees,
+        followed over a run). Otherwise the engine's are of the processed
         distribution it sampled from (its behaviour policy, used by truncated IS) and the trainer's
         of the model's (the ratio's old policy): they differ by design, so the row reports
         `sampling_logp_gap` instead, the mean over response tokens of engine minus trainer
         log-prob (the log-mass that temperature and the top-k / top-p filters move), in nats."""
         d = (elogp - old_logp).masked_fill(~mask, 0)
         if self.sampling == Sampling(1.0, 1.0, 0):
-            return {"engine_trainer_logp_maxdiff": float(d.abs().max())}
+            total = self.dist.sum(torch.stack([d.abs().sum().double(), mask.sum().double()]))
+            return {"engine_trainer_logp_maxdiff": float(d.abs().max()),
+                    "engine_trainer_logp_meanabs": float(total[0] / total[1].clamp_min(1))}
         total = self.dist.sum(torch.stack([d.sum().double(), mask.sum().double()]))
         return {"sampling_logp_gap": float(total[0] / total[1].clamp_min(1))}
 

@@ -132,6 +132,7 @@ def test_a_freshper_run_trains_exports_and_evaluates(folder, tmp_path, capsys):
     assert len(rows) == 2 and rows[0]["grad_norm"] > 0, "the premise: a gradient to follow"
     assert rows[0]["replay_loss"] != 0 and rows[-1]["replay_rows"] == 8
     assert all(r["engine_trainer_logp_maxdiff"] < 1e-4 for r in rows)
+    assert all(0 < r["engine_trainer_logp_meanabs"] <= r["engine_trainer_logp_maxdiff"] for r in rows)
     moved = sum(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
     assert moved > 0.9 * len(before), f"only {moved} of {len(before)} tensors changed"
     out = export(tmp_path / "run", tmp_path / "hf")
