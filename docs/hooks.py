@@ -10,7 +10,9 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "history.md": "results/HISTORY.md",
-       "pilots.md": "results/PILOTS.md"}
+       "pilots.md": "results/PILOTS.md",
+       "multiply-secondaries.md": "results/compare-study-multiply/secondaries.md",
+       "frozenlake-secondaries.md": "results/compare-study-frozenlake/secondaries.md"}
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
 
