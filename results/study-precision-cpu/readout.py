@@ -7,8 +7,8 @@ Primary: final validation avg@4 (`final_eval_success`), bf16 minus float32, pair
 mean, the 90% t-interval (two one-sided tests at 5% against the margin) and the 95% t-interval,
 and the reading by the registered rule. Descriptive: validation before, training success over
 the last 3 iterations, the runs' training seconds (compute_seconds: every timed phase but
-validation and checkpoints; two runs at once, one thread each), per arm. Prints "incomplete"
-and no reading until every registered run has its DONE file.
+validation and checkpoints; two runs at once, one thread each), per arm. Until every
+registered run has its DONE file it prints how many have, and no figure of any run.
 """
 import json
 import statistics
@@ -54,6 +54,9 @@ def main():
     runs = {(a, s): run(a, s) for a in ARMS for s in SEEDS}
     missing = [f"{a}-s{s}" for (a, s), r in runs.items() if r is None]
     print(f"runs done: {len(runs) - len(missing)} of {len(runs)}")
+    if missing:  # no figure of any run before all are in, as registered
+        print("incomplete: no readout until every registered run is in; missing " + ", ".join(missing))
+        sys.exit(0)
     final = {k: r[-1]["final_eval_success"] for k, r in runs.items() if r is not None}
     print("| arm | " + " | ".join(f"s{s}" for s in SEEDS) + " | mean |")
     print("|---|" + "---|" * (len(SEEDS) + 1))
@@ -71,9 +74,6 @@ def main():
         secs = statistics.median(sum(compute_seconds(x) for x in r) for r in rs)
         print(f"{a}: validation before {before:.3f}, training success over the last 3 iterations {last3:.3f}, "
               f"median training seconds {secs:.0f} ({len(rs)} runs)")
-    if missing:
-        print("incomplete: no reading until every registered run is in; missing " + ", ".join(missing))
-        sys.exit(0)
     d = [final[("bf16", s)] - final[("float32", s)] for s in SEEDS]
     lo90, hi90 = interval(d, 0.90)
     lo95, hi95 = interval(d, 0.95)
