@@ -40,7 +40,7 @@ import torch
 from .logit_rows import rows
 from .policy_loss import _STATS, _row_coef, check_inputs, loss_and_grad
 
-_MM_OUT_DTYPE: bool | None = None  # whether torch.addmm(..., out_dtype=float32) runs on this CUDA build
+_OUT_DTYPE: dict[tuple, bool] = {}  # (op, device type, operand dtype) -> whether out_dtype=float32 runs
 # Bytes of the reused logits buffer, by default. On a GPU large chunks keep the GEMMs efficient and
 # the launches few (256 MiB: 880 tokens at V = 151,936 in bf16); the CPU reference also makes
 # float32 temporaries of a chunk, and its GEMMs are efficient at a few hundred rows already.
@@ -60,24 +60,35 @@ def default_chunk(n_tokens: int, vocab: int, dtype: torch.dtype, device: str | t
     return max(1, min(rows_, n_tokens))
 
 
-def _out_dtype(run) -> bool:
-    """Whether `run()`, a matmul with out_dtype=float32 on CUDA, ran (probed once per process)."""
-    global _MM_OUT_DTYPE
-    if _MM_OUT_DTYPE is False:
-        return False
-    try:
-        run()
-    except (RuntimeError, TypeError):
-        _MM_OUT_DTYPE = False
-        return False
-    _MM_OUT_DTYPE = True
-    return True
+def has_out_dtype(op: str, device: str | torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether `torch.<op>` ("mm" or "addmm") with operands in `dtype`, out_dtype=torch.float32 and a
+    float32 `out=` runs on `device`'s type (cuBLAS has it; torch's CPU build does not). Probed
+    once per (op, device type, dtype) on 2x2 tensors: each op on its own, since a build may have one and
+    not the other, and never by catching the real call's error, which would read an
+    out-of-memory error as "unsupported" and fall back, for good, to a path needing more memory."""
+    if op not in ("mm", "addmm"):
+        raise ValueError(f"op must be 'mm' or 'addmm', got {op!r}")
+    device = torch.device(device)
+    key = (op, device.type, dtype)
+    if key not in _OUT_DTYPE:
+        a = torch.ones(2, 2, dtype=dtype, device=device)
+        out = torch.zeros(2, 2, dtype=torch.float32, device=device)
+        try:
+            if op == "mm":
+                torch.mm(a, a, out_dtype=torch.float32, out=out)
+            else:
+                torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
+            _OUT_DTYPE[key] = True
+        except (RuntimeError, TypeError):  # NotImplementedError is a RuntimeError; TypeError: no such keyword
+            _OUT_DTYPE[key] = False
+    return _OUT_DTYPE[key]
 
 
 def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b with acc float32 and a, b in a low-precision dtype, products accumulated in
     float32 (cuBLAS's out_dtype where this torch has it; exact upcasts elsewhere)."""
-    if a.is_cuda and _out_dtype(lambda: torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)):
+    if a.is_cuda and has_out_dtype("addmm", a.device, a.dtype):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
         return
     torch.addmm(acc, a.float(), b.float(), out=acc)
 
@@ -94,8 +105,8 @@ class LogitsGemm:
         w = self.weight
         if out.dtype == h.dtype:
             return torch.mm(h, w.T, out=out)
-        if h.is_cuda and _out_dtype(lambda: torch.mm(h, w.T, out_dtype=out.dtype, out=out)):
-            return out
+        if h.is_cuda and has_out_dtype("mm", h.device, h.dtype):
+            return torch.mm(h, w.T, out_dtype=out.dtype, out=out)
         if self.up is None:
             self.up = w.to(out.dtype)
         return torch.mm(h.to(out.dtype), self.up.T, out=out)

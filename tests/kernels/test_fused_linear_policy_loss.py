@@ -437,3 +437,27 @@ def test_fp16_gradients_survive_with_a_loss_scale():
     assert float((plain[1] == 0).float().mean()) > 0.9  # the unscaled head gradient underflowed
     with pytest.raises(ValueError, match="grad_scale must be a finite number > 0"):
         fused_linear_policy_loss(h, w, *rest, grad_scale=0.0)
+
+
+def test_out_dtype_probed_per_op_and_device(monkeypatch):
+    """cuBLAS's out_dtype is probed once per op, device type and dtype on tiny tensors: torch's CPU
+    build lacks it (NotImplementedError), its meta device has both ops; one op failing leaves the
+    other in use, and the probe's answer is cached rather than re-learned from a real call's error."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    monkeypatch.setattr(mod, "_OUT_DTYPE", {})
+    assert not mod.has_out_dtype("mm", "cpu") and not mod.has_out_dtype("addmm", "cpu")
+    real, calls = torch.addmm, []
+
+    def addmm(*args, **kwargs):
+        calls.append(kwargs.get("out_dtype"))
+        if "out_dtype" in kwargs:
+            raise TypeError("addmm() got an unexpected keyword argument 'out_dtype'")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "addmm", addmm)
+    assert mod.has_out_dtype("mm", "meta") and mod.has_out_dtype("mm", "meta", torch.float16)
+    assert not mod.has_out_dtype("addmm", "meta")
+    assert mod.has_out_dtype("mm", "meta") and not mod.has_out_dtype("addmm", "meta")
+    assert calls == [torch.float32]  # probed once
+    with pytest.raises(ValueError, match="op must be"):
+        mod.has_out_dtype("bmm", "meta")
