@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `--model.dtype auto` is bf16 on CPUs with AVX512-BF16 (trainer/model/precision.py): tests read
+# as float32 on every machine that runs them, and test the rule itself with both answers.
+os.environ.setdefault("FRESHPER_CPU_BF16", "0")
 
 
 def pytest_collection_modifyitems(config, items):

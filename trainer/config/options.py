@@ -78,7 +78,8 @@ class ModelConfig:
         rule=lambda v: 1 <= v <= 64, allowed="in [1, 64]", bad='0')
     tiny_vocab: int = opt(1024, "tiny model: BPE vocabulary trained offline on the env's conversations",
         rule=lambda v: 264 <= v <= 65536, allowed="in [264, 65536] (256 bytes + specials + merges)", bad='10')
-    dtype: str = opt("auto", "compute dtype: auto (bf16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16; "
+    dtype: str = opt("auto", "compute dtype: auto (bf16 on CUDA and on CPUs with AVX512-BF16, float32 on other "
+        "CPUs) | float32 | bfloat16 | float16; "
         "with bf16 or fp16 the trainable weights stay float32 masters and forwards run under autocast; fp16 "
         "adds dynamic loss scaling (one process, no warm starts; on a CPU without fp16 matmul instructions "
         "it runs, an update about 20x slower than in float32)",

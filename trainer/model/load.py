@@ -21,7 +21,7 @@ from ..config import Config, env_kwargs
 from ..envs import env_class, make_env
 from ..envs.base import checked_step
 from ..envs.prompts import SYSTEM
-from .precision import keep_masters
+from .precision import cpu_bf16, keep_masters
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
 
@@ -125,8 +125,10 @@ def pick_device(cfg: Config) -> torch.device:
 
 
 def pick_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """The compute dtype: model.dtype, or for `auto` bf16 on CUDA and on CPUs with AVX512-BF16
+    (precision.cpu_bf16), float32 on other CPUs."""
     if cfg.model.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or cpu_bf16() else torch.float32
     return getattr(torch, cfg.model.dtype)
 
 
@@ -183,6 +185,9 @@ def load_policy(cfg: Config, device: torch.device):
 
     path = model_path(cfg)
     dtype = pick_dtype(cfg, device)
+    if cfg.model.dtype == "auto":
+        log.info("model.dtype auto: %s on %s%s", str(dtype).removeprefix("torch."), device.type,
+                 " (this CPU has AVX512-BF16)" if device.type == "cpu" and dtype == torch.bfloat16 else "")
     if dtype == torch.float16 and device.type == "cpu":
         log.warning("model.dtype float16 on the CPU: most x86 CPUs have no fp16 matmul instructions; on "
                     "EPYC-AVX512 the default job's update took 22x its float32 time (docs/training.md, Precision)")

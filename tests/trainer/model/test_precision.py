@@ -15,9 +15,9 @@ from freshper.trainer import config
 from freshper.trainer.config import env_kwargs
 from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
-from freshper.trainer.model.load import load_policy
+from freshper.trainer.model.load import load_policy, pick_dtype
 from freshper.trainer.model.policy import Policy
-from freshper.trainer.model.precision import ATTR, compute_dtype, keep_masters
+from freshper.trainer.model.precision import ATTR, CPU_BF16_ENV, compute_dtype, cpu_bf16, keep_masters
 from freshper.trainer.train.rollout import rollout
 
 CPU = torch.device("cpu")
@@ -53,6 +53,27 @@ def test_keep_masters_makes_what_trains_float32_and_leaves_frozen_weights():
     assert compute_dtype(plain) is None and not hasattr(plain, ATTR)
     with pytest.raises(ValueError, match="compute"):
         keep_masters(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.int8)
+
+
+def test_auto_is_bf16_on_cpus_with_avx512_bf16(tmp_path, monkeypatch):
+    """`auto` follows the registered comparison: bf16 where the CPU has AVX512-BF16 (read from
+    /proc/cpuinfo's flags, or forced by FRESHPER_CPU_BF16), float32 on other CPUs; an explicit
+    dtype is kept whatever the CPU."""
+    flags = "flags\t\t: fpu sse2 avx2 avx512f avx512_vnni{}\n"
+    with_bf16, without = tmp_path / "with", tmp_path / "without"
+    with_bf16.write_text("processor\t: 0\n" + flags.format(" avx512_bf16"))
+    without.write_text("processor\t: 0\n" + flags.format(" avx512_bf16x"))  # a longer name is not the flag
+    monkeypatch.delenv(CPU_BF16_ENV)
+    assert cpu_bf16(str(with_bf16)) and not cpu_bf16(str(without)) and not cpu_bf16(str(tmp_path / "none"))
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    assert cpu_bf16(str(without)) and pick_dtype(_cfg(), CPU) == torch.bfloat16
+    assert pick_dtype(_cfg(**{"model.dtype": "float32"}), CPU) == torch.float32
+    monkeypatch.setenv(CPU_BF16_ENV, "0")
+    assert not cpu_bf16(str(with_bf16)) and pick_dtype(_cfg(), CPU) == torch.float32
+    assert pick_dtype(_cfg(**{"model.dtype": "bfloat16"}), CPU) == torch.bfloat16
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match="FRESHPER_CPU_BF16 must be '0' or '1'"):
+        cpu_bf16()
 
 
 def test_a_bf16_run_loads_with_masters_and_logs_its_compute_dtype():
