@@ -40,46 +40,57 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
 
 
 def _stuck_run(tmp_path, grace: str):
-    """A run whose environment hangs from iteration 2 on (once the flag file exists)."""
-    flag = tmp_path / "stuck"
-    cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", "tiny", "--train.iterations", "40",
+    """A run whose environment hangs from iteration 2 or later (once the flag file exists).
+    Returns the process, the file its stderr goes to and the iteration that hangs: the number of
+    metrics rows written when the hang began (iterations count from 0). The tiny preset runs 40
+    iterations in seconds and logs each one, so the run is made too long to finish first, and
+    stderr goes to a file that cannot fill up and block it as an unread pipe would."""
+    flag, metrics, err = tmp_path / "stuck", tmp_path / "runs" / "stuck" / "metrics.jsonl", tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", "tiny", "--train.iterations", "100000",
            "--env.name", "tests.trainer.train.stuck_env:StuckLake", "--train.run_dir", str(tmp_path / "runs"),
-           "--train.name", "stuck", "--train.checkpoint_every", "100", "--train.stop_grace", grace]
+           "--train.name", "stuck", "--train.checkpoint_every", "100000", "--train.stop_grace", grace]
     env = {**os.environ, "FRESHPER_CACHE": os.environ.get("FRESHPER_CACHE", str(tmp_path / "cache")),
            "FRESHPER_TEST_STUCK": str(flag)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).resolve().parents[3])
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if " INFO iter 1 " in line:
-            break
-    assert seen and " INFO iter 1 " in seen[-1], "".join(seen)[-2000:]
-    flag.touch()  # the next reset hangs: iteration 2 never ends
+    with err.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, text=True, env=env,
+                                cwd=Path(__file__).resolve().parents[3])
+
+    def wait_for(done, what):
+        deadline = time.monotonic() + 300
+        while not done():
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: {err.read_text()[-2000:]}"
+            time.sleep(0.05)
+
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "iterations 0 and 1 never ended")
+    flag.touch()  # from here on every reset hangs
+    wait_for((tmp_path / "stuck.hanging").exists, "the run never reached a reset that hangs")
+    stuck = len(metrics.read_text().splitlines())
     time.sleep(1.0)
-    return proc, seen
+    return proc, err, stuck
 
 
 def test_sigterm_stops_a_stuck_run(tmp_path):
     """One SIGTERM: the stuck iteration is aborted after train.stop_grace, in one line, with exit 130
     (before, the run ignored SIGTERM for good and stopped only at a second SIGINT)."""
-    proc, seen = _stuck_run(tmp_path, "3")
+    proc, log, stuck = _stuck_run(tmp_path, "3")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    err = "".join(seen) + err
+    proc.wait(timeout=120)
+    err = log.read_text()
     assert proc.returncode == 130, err[-2000:]
     assert time.monotonic() - t0 < 60
-    assert "still running 3 s after the stop signal" in err and "aborted in iteration 2 without a checkpoint" in err
+    assert f"iteration {stuck} still running 3 s after the stop signal" in err
+    assert f"aborted in iteration {stuck} without a checkpoint" in err
     assert "Traceback" not in err
 
 
 def test_a_second_sigterm_aborts_at_once(tmp_path):
-    proc, seen = _stuck_run(tmp_path, "0")  # no watchdog: only the second signal ends it
+    proc, log, stuck = _stuck_run(tmp_path, "0")  # no watchdog: only the second signal ends it
     proc.send_signal(signal.SIGTERM)
     time.sleep(2.0)
     assert proc.poll() is None, "one SIGTERM with no grace waits for the iteration"
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    err = log.read_text()
     assert proc.returncode == 130, err[-2000:]
-    assert "aborted in iteration 2 without a checkpoint" in err and "Traceback" not in err
+    assert f"aborted in iteration {stuck} without a checkpoint" in err and "Traceback" not in err
