@@ -9,10 +9,15 @@ trainer runs it: a turn finds its earlier conversation in the block cache) and o
 their samples may differ in the last bits of the logits, so they are compared for time only.
 `--compare decode` (HF engine, turn cache on in both): the room cache and grouped heads inside sdpa
 (engines/kv_room.py, engines/gqa_sdpa.py) against transformers' cache and attention.
+`--compare logits` (HF engine, a bf16 or fp16 model): sampling from float32 logits (the LM head's
+float32 accumulator, `model.logits_dtype float32`) against logits rounded to the compute dtype;
+what the engine's share of float32 logits costs. Their samples differ where the rounding flips a
+draw, so they are compared for time only.
 Prints the median seconds of each and their ratio, per rollout and per turn.
 
     python -m freshper.profiling.bench_turns --preset smollm2-135m-sokoban --rounds 2 [--engine vllm]
     python -m freshper.profiling.bench_turns --preset smollm2-135m-frozenlake --compare decode
+    python -m freshper.profiling.bench_turns --preset smollm2-135m-math --compare logits --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -38,17 +43,26 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=0, help="reply length (0: the preset's)")
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
-    ap.add_argument("--compare", choices=("turns", "decode"), default="turns",
-                    help="turns: reuse of earlier turns on and off; decode: the HF engine's decode fixes on and off")
+    ap.add_argument("--compare", choices=("turns", "decode", "logits"), default="turns",
+                    help="turns: reuse of earlier turns on and off; decode: the HF engine's decode fixes on and off; "
+                         "logits: the HF engine's float32 logits on and off")
+    ap.add_argument("--dtype", default="auto", help="model.dtype (--compare logits needs bf16 or float16)")
     args = ap.parse_args(argv)
-    if args.compare == "decode" and args.engine != "hf":
-        ap.error(f"--compare decode needs --engine hf, got --engine {args.engine}")
+    if args.compare in ("decode", "logits") and args.engine != "hf":
+        ap.error(f"--compare {args.compare} needs --engine hf, got --engine {args.engine}")
     torch.set_num_threads(args.threads)
-    cfg = config.load(args.preset, None, {"train.sft_steps": 0})
+    cfg = config.load(args.preset, None, {"train.sft_steps": 0, "model.dtype": args.dtype})
     r = cfg.rollout
     model, tok, folder = load_policy(cfg, torch.device("cpu"))
     tokens = args.max_new_tokens or r.max_new_tokens
-    if args.compare == "decode":
+    if args.compare == "logits":
+        from freshper.trainer.model.precision import compute_dtype
+
+        if compute_dtype(model) is None:
+            ap.error(f"--compare logits needs a bf16 or float16 model, got --dtype {args.dtype} (float32 here)")
+        engines = {f32: HFEngine(model, tok, logits32=f32) for f32 in (True, False)}
+        names = {True: "float32 logits", False: "logits in the compute dtype"}
+    elif args.compare == "decode":
         engines = {new: HFEngine(model, tok, kv_room=new, gqa=new) for new in (True, False)}
         names = {True: "room cache, grouped heads", False: "transformers' cache and attention"}
     elif args.engine == "hf":
@@ -77,8 +91,11 @@ def main(argv=None) -> int:
     print("| rollout | seconds | per turn |\n|---|---|---|")
     print(f"| {names[False]} | {w:.1f} | {w / turns:.1f} |")
     print(f"| {names[True]} | {c:.1f} | {c / turns:.1f} |")
-    print(f"speed-up {w / c:.2f}x; same samples: {same}")
-    return 0 if same or args.engine == "vllm" else 1
+    if args.compare == "logits":
+        print(f"float32 logits take {c / w:.2f}x the time; same samples: {same}")
+    else:
+        print(f"speed-up {w / c:.2f}x; same samples: {same}")
+    return 0 if same or args.engine == "vllm" or args.compare == "logits" else 1
 
 
 if __name__ == "__main__":

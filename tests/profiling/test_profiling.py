@@ -86,6 +86,18 @@ def test_bench_turns_compares_the_turn_cache_on_the_same_samples(monkeypatch, tm
         bench_turns.main(["--preset", "tiny", "--compare", "decode", "--engine", "vllm"])
 
 
+def test_bench_turns_times_float32_logits_only_under_a_low_precision_model(monkeypatch, tmp_path, capsys):
+    from freshper.profiling import bench_turns
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    common = ["--preset", "tiny", "--groups", "1", "--rounds", "1", "--compare", "logits"]
+    assert bench_turns.main([*common, "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "| float32 logits |" in out and "| logits in the compute dtype |" in out and "float32 logits take" in out
+    with pytest.raises(SystemExit):  # float32: both engines would be the same
+        bench_turns.main([*common, "--dtype", "float32"])
+
+
 def test_bench_share_times_both_forms_for_each_share(monkeypatch, tmp_path, capsys):
     from freshper.profiling import bench_share
 
