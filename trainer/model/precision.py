@@ -30,11 +30,11 @@ CPU_BF16_ENV = "FRESHPER_CPU_BF16"  # "1" or "0" overrides cpu_bf16()'s reading 
 def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU has AVX512-BF16 (bf16 dot products: AMD Zen 4, Intel Cooper Lake,
     Sapphire Rapids and later), where `--model.dtype auto` picks bf16: on such a CPU the default
-    job ran 1.37x faster in bf16 and a registered 16-seed comparison read its learning equivalent
-    to float32's (RESULTS.md, "bf16 against float32 on the CPU"). Read from `cpuinfo`'s flags;
-    False where that file does not exist (not Linux). The environment variable FRESHPER_CPU_BF16,
-    "1" or "0", overrides the reading (a VM that hides flags; tests that must not depend on the
-    machine that runs them)."""
+    job ran 1.18x faster whole in bf16 with float32 logits (BENCHMARKS.md) and a registered 16-seed
+    comparison read its learning equivalent to float32's (RESULTS.md, "bf16 against float32 on the
+    CPU"). Read from `cpuinfo`'s flags; False where that file does not exist (not Linux). The
+    environment variable FRESHPER_CPU_BF16, "1" or "0", overrides the reading (a VM that hides
+    flags; tests that must not depend on the machine that runs them)."""
     forced = os.environ.get(CPU_BF16_ENV)
     if forced is not None:
         if forced not in ("0", "1"):
