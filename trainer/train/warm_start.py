@@ -3,9 +3,10 @@ actions in the answer format, so a model that cannot write the format starts RL 
 teaches the format, not the task. With train.sft_replies solver the replies are a solver's moves
 instead, and the warm start teaches a strategy too.
 
-Its weights are cached (train.sft_cache), keyed on everything they depend on: the model folder,
-the environment section, the steps, learning rate, seed, reply and context lengths, micro-batch,
-the perception warm start before it, LoRA settings and dtype. Every arm of a comparison on one
+Its weights are cached (train.sft_cache), keyed on everything they depend on: the model folder
+and model.init (the folder's weights, or random ones drawn under train.seed), the environment
+section, the steps, learning rate, seed, reply and context lengths, micro-batch, the perception
+warm start before it, LoRA settings and dtype. Every arm of a comparison on one
 seed starts from the same warm-started weights, so the cache computes them once per seed (about
 12 minutes for SmolLM2 on the Sokoban preset, one thread) instead of once per run.
 """
@@ -108,15 +109,18 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
 
 def settings(cfg, model, steps: int) -> dict:
     """What a format warm start of `steps` steps on `model` depends on, besides the model folder:
-    the environment section (and a user environment's class), its replies, optimizer settings, seed,
-    reply and context lengths, micro-batch, the perception warm start before it, LoRA, dtype."""
+    the weights it starts from (model.init, and for random weights the seed they are drawn under:
+    the folder's files do not tell a random-init run from a pretrained one), the environment
+    section (and a user environment's class), its replies, optimizer settings, seed, reply and
+    context lengths, micro-batch, the perception warm start before it, LoRA, dtype."""
     from ..config import warm_start_seed
     from ..envs import env_class
     from ..model.lora import has_lora, lora_metadata
     from ..model.precision import compute_dtype
 
     cls, t, r = env_class(cfg.env.name), cfg.train, cfg.rollout
-    return {"env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
+    init = {"init": cfg.model.init, **({"init_seed": cfg.train.seed} if cfg.model.init == "random" else {})}
+    return {**init, "env": cfg.to_dict()["env"], "env_class": f"{cls.__module__}.{cls.__qualname__}", "steps": steps,
             "lr": t.sft_lr, "replies": t.sft_replies, "seed": warm_start_seed(cfg),
             "max_words": r.max_new_tokens, "max_len": r.max_len,
             "micro_batch": cfg.algo.micro_batch, "dtype": str(model.dtype),

@@ -170,3 +170,22 @@ def test_train_sft_seed_gives_runs_of_other_seeds_one_warm_start(tmp_path, monke
     for over in ({"train.seed": 1, "train.sft_seed": 7}, {"train.seed": 1}):
         L.Trainer(_tiny(tmp_path, **over, **{"train.sft_cache": False}), tmp_path / str(len(seeds)))
     assert seeds == [7, 1]
+
+
+def test_random_and_pretrained_weights_of_one_folder_never_share_a_warm_start(tmp_path, monkeypatch):
+    """Issue 77, defect 1: `--model.init random` and `pretrained` on one model folder start from
+    other weights, so their warm starts are cached apart; random weights of other seeds apart too."""
+    from freshper.trainer.model.load import load_policy
+    from freshper.trainer.train.warm_start import cache_path, settings
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    model, _, folder = load_policy(_tiny(tmp_path), torch.device("cpu"))
+
+    def key(**over):
+        cfg = _tiny(tmp_path, **{"model.path": folder, "train.sft_steps": 5, **over})
+        return cache_path(folder, settings(cfg, model, 5))
+
+    random0, pretrained = key(**{"model.init": "random"}), key(**{"model.init": "pretrained"})
+    assert random0 != pretrained
+    assert key(**{"model.init": "random", "train.seed": 1, "train.sft_seed": 0}) != random0
+    assert key(**{"model.init": "pretrained", "train.seed": 1, "train.sft_seed": 0}) == pretrained
