@@ -132,6 +132,32 @@ def pick_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
+def record_dtype(cfg: Config, device: torch.device, resumed: Path | None = None) -> Config:
+    """cfg with model.dtype `auto` replaced by a dtype, so the run's config.yaml records it and a
+    resume continues in it on any machine: `auto` depends on the machine (and FRESHPER_CPU_BF16).
+    A new run (`resumed` None) takes what `auto` resolves to on `device` (pick_dtype); a resumed
+    one, the run folder `resumed`'s config.yaml's dtype. A run folder whose config.yaml says
+    `auto` (started before runs recorded it) is refused in one line: what it ran in is not known."""
+    from dataclasses import replace
+
+    import yaml
+
+    if cfg.model.dtype != "auto":
+        return cfg
+    name = str(pick_dtype(cfg, device)).removeprefix("torch.")
+    saved = resumed / "config.yaml" if resumed is not None else None
+    if saved is not None and saved.exists():
+        kept = (yaml.safe_load(saved.read_text()).get("model") or {}).get("dtype", "auto")
+        if kept == "auto":
+            raise ValueError(f"--resume {resumed}: its config.yaml has model.dtype auto, which depends on the machine "
+                             f"(here {name}) and was not recorded when the run started; set model.dtype in its "
+                             f"config.yaml to the dtype it ran in (its train.log's 'model.dtype auto:' line names it)")
+        return replace(cfg, model=replace(cfg.model, dtype=kept))
+    log.info("model.dtype auto: %s on %s%s (recorded in the run's config.yaml)", name, device.type,
+             " (this CPU has AVX512-BF16)" if device.type == "cpu" and name == "bfloat16" else "")
+    return replace(cfg, model=replace(cfg.model, dtype=name))
+
+
 def pick_attention(cfg: Config, device: torch.device) -> str:
     if cfg.model.attn != "auto":
         return cfg.model.attn

@@ -37,7 +37,7 @@ from ..dist import RANK_SEED_STRIDE, SINGLE, Dist, check_world, rank0_first
 from ..engines import Sampling, make_engine
 from ..envs import make_env
 from ..envs.base import EVAL_SEED_BASE
-from ..model.load import load_image_processor, load_policy, pick_device
+from ..model.load import load_image_processor, load_policy, pick_device, record_dtype
 from ..model.policy import Policy
 from ..model.precision import compute_dtype
 from . import checkpoint as ckpt
@@ -78,6 +78,7 @@ class Trainer:
         self.device = pick_device(cfg)
         if self.device.type == "cuda" and dist.on:
             self.device = torch.device("cuda", dist.local_rank)
+        cfg = self.cfg = record_dtype(cfg, self.device, self.run_dir if resume else None)  # `auto` resolved, kept
         with rank0_first(dist):  # the tiny model's cache is written once
             self.model, self.tok, self.model_path = load_policy(cfg, self.device)
         self.processor = load_image_processor(cfg, self.model_path)  # a VLM's (None for text environments)
