@@ -10,6 +10,8 @@ use the paper's templates from trainer/envs/prompts.py.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 import re
 import zlib
@@ -45,13 +47,34 @@ class StepResult:
 def checked_step(env, text: str) -> StepResult:
     """env.step(text), which must return a StepResult: what the trainer reads of a turn (reward,
     penalty, done, success) comes from it alone. Anything else (a gymnasium-style tuple) is refused
-    in one line naming the method and what it must return."""
+    in one line naming the method and what it must return; so is a StepResult whose reward or
+    penalty is not a finite number, or whose done, valid or success is not a truth value, naming
+    the environment, the field and the turn (a None reward would end in a TypeError traceback,
+    a nan one in a non-finite gradient norm that blames the learning rate)."""
     r = env.step(text)
     if not isinstance(r, StepResult):
         hint = " (a gymnasium-style tuple?)" if isinstance(r, tuple) else ""
         raise ValueError(f"{type(env).__name__}.step must return freshper.trainer.envs.StepResult(observation, "
                          f"reward, penalty, done, valid, success, info), got {type(r).__name__}{hint}")
+    bad = _bad_field(r)
+    if bad is not None:
+        name, what = bad
+        raise ValueError(f"{type(env).__name__}.step returned StepResult.{name}={getattr(r, name)!r} in turn "
+                         f"{getattr(env, 'turn', '?')} of its episode: {name} must be {what}")
     return r
+
+
+def _bad_field(r: StepResult) -> tuple[str, str] | None:
+    """(field, what it must be) of the first StepResult field the trainer cannot read, or None."""
+    for name in ("reward", "penalty"):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            return name, "a finite number"
+    for name in ("done", "valid", "success"):
+        v = getattr(r, name)
+        if not (isinstance(v, (bool, numbers.Integral)) or type(v).__name__ == "bool_") or v not in (0, 1):
+            return name, "True or False"
+    return None
 
 
 def parse_action(text: str, actions: tuple[str, ...]) -> str | None:

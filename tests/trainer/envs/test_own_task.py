@@ -1,6 +1,7 @@
 """A task defined outside the package trains through `freshper train`: an environment class named
 by its import path with its own keywords, and a dataset with a reward function (TRL's
 reward_funcs, verl's custom reward)."""
+import dataclasses
 import json
 import re
 
@@ -61,6 +62,22 @@ class GymStyle(Doubling):
         return self.render(), 1.0, True, False, {}
 
 
+class NoneReward(Doubling):
+    """A step whose StepResult has no reward (it ended in a TypeError traceback)."""
+
+    def step(self, text):
+        r = super().step(text)
+        return StepResult(r.observation, None, r.penalty, r.done, r.valid, r.success, r.info)
+
+
+class NanReward(Doubling):
+    """A step whose reward is nan (it ended in "non-finite gradient norm nan; lower algo.lr")."""
+
+    def step(self, text):
+        r = super().step(text)
+        return StepResult(r.observation, float("nan"), r.penalty, r.done, r.valid, r.success, r.info)
+
+
 def last_number_reward(reply: str, answer: str) -> float:
     """A reward function as a GRPO user writes one, with a rule no built-in scorer has: 0.5 for a
     reply whose last number is the answer and that says nothing else, else 0."""
@@ -100,6 +117,34 @@ def test_a_gymnasium_style_step_is_refused_in_one_line(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "GymStyle.step must return freshper.trainer.envs.StepResult" in err[-1] and "tuple" in err[-1]
+
+
+@pytest.mark.parametrize("cls,shown", [("NoneReward", "None"), ("NanReward", "nan")])
+def test_a_step_results_unreadable_reward_is_refused_in_one_line(tmp_path, capsys, cls, shown):
+    """Issue 77, defect 3: one line naming the environment, the field and the turn, no traceback."""
+    argv = ["train", *TINY, "--env.name", f"{HERE}:{cls}", "--train.run_dir", str(tmp_path), "--train.name", cls]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "freshper train: " in last, err[-2000:]
+    assert f"{cls}.step returned StepResult.reward={shown} in turn 1 of its episode: reward must be a finite " \
+           "number" in last, last
+
+
+@pytest.mark.parametrize("field,value", [("reward", None), ("reward", float("inf")), ("penalty", float("nan")),
+                                         ("penalty", "0"), ("done", None), ("valid", 2), ("success", "yes")])
+def test_checked_step_names_the_field_it_cannot_read(field, value):
+    from freshper.trainer.envs.base import checked_step
+
+    env = Doubling()
+    env.reset(3)
+    good = env.step
+    env.step = lambda text: dataclasses.replace(good(text), **{field: value})
+    with pytest.raises(ValueError, match=rf"^Doubling.step returned StepResult.{field}=.* in turn 1 of its episode"):
+        checked_step(env, "6")
+    env.reset(3)
+    env.step = good
+    assert checked_step(env, "6").reward == 1.0
 
 
 @pytest.mark.parametrize("over,msg", [
