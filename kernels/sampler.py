@@ -24,6 +24,9 @@ keys its slot. A draw reads about 8 (log2(N / BLOCK) + BLOCK / SUB + SUB) bytes,
 wider than DRAWS x 64, whatever N. A float scan need not agree exactly with the separately reduced
 totals, so each level picks only entries of positive mass (a block of zero mass maps to the last
 positive block before it) and falls back to the last such entry: an empty slot is never returned.
+With no live slot at all there is no such entry: a caller that skips the host check passes an
+error word instead, every index is clamped to slot 0 (no read before an array, which on CUDA is
+an illegal address) with probability and weight 0, and the word gets ERR_NO_LIVE.
 
 Scalars that enter float64 arithmetic (beta) travel in a float64 tensor: a Python float kernel
 argument is compiled as an fp32 parameter, which would round beta before the weight math.
@@ -58,7 +61,8 @@ if HAS_TRITON:
         return tl.maximum(a, b)
 
     @triton.jit
-    def _block_scan(bmax_ptr, bsum_ptr, bmin_ptr, nb, prefix_ptr, owner_ptr, scal_ptr, CHUNK: tl.constexpr):
+    def _block_scan(bmax_ptr, bsum_ptr, bmin_ptr, nb, prefix_ptr, owner_ptr, scal_ptr, err_ptr, HAS_ERR: tl.constexpr,
+                    CHUNK: tl.constexpr):
         # One program: the global max and min key, then the block masses rescaled to the global
         # max, their inclusive prefix sum (chunk by chunk with a running carry) and, per block,
         # the last block of positive mass at or before it (its owner).
@@ -91,6 +95,9 @@ if HAS_TRITON:
         tl.store(scal_ptr + 1, top)
         tl.store(scal_ptr + 2, tl.min(low, axis=0))
         tl.store(scal_ptr + 4, first.to(tl.float64))
+        if HAS_ERR:  # no block of positive mass: no live slot
+            e = tl.load(err_ptr)
+            tl.store(err_ptr, tl.where(first < 0, e | 32, e))
 
     @triton.jit
     def _pick(incl, mass, target, lanes, WIDTH: tl.constexpr):
@@ -124,7 +131,8 @@ if HAS_TRITON:
             lo = tl.where(right & (lo < hi), mid + 1, lo)
             hi = tl.where(~right & (lo < hi), mid, hi)
         b = tl.load(owner_ptr + tl.minimum(lo, nb - 1))
-        b = tl.where(b < 0, first, b)  # only zero-mass blocks before it: the first positive block
+        none = first < 0  # no live slot: every index below is clamped to 0, never before an array
+        b = tl.where(b < 0, tl.maximum(first, 0), b)  # only zero-mass blocks before it: the first positive one
         bm = tl.load(bmax_ptr + b)
         scale = tl.exp(bm - top)
         mass = tl.load(bsum_ptr + b) * scale
@@ -135,7 +143,7 @@ if HAS_TRITON:
         so = tl.arange(0, NSUB)
         s = tl.load(sub_ptr + b[:, None] * NSUB + so[None, :], mask=jmask[:, None], other=0.0)
         cs = tl.cumsum(s, axis=1)
-        c = _pick(cs, s, rest, so[None, :], NSUB)
+        c = tl.maximum(_pick(cs, s, rest, so[None, :], NSUB), 0)
         csel = so[None, :] == c[:, None]
         rest = rest - tl.sum(tl.where(csel, cs - s, 0.0), axis=1)
         # Level 3: the SUB keys of that sub-block.
@@ -143,11 +151,11 @@ if HAS_TRITON:
         offs = b[:, None] * BLOCK + c[:, None] * SUB + lo3[None, :]
         k = tl.load(keys_ptr + offs, mask=(offs < n) & jmask[:, None], other=-float("inf")).to(tl.float64)
         e = tl.where(k > -float("inf"), tl.exp(k - bm[:, None]), 0.0)
-        i = _pick(tl.cumsum(e, axis=1), e, rest, lo3[None, :], SUB)
+        i = tl.maximum(_pick(tl.cumsum(e, axis=1), e, rest, lo3[None, :], SUB), 0)
         ki = tl.sum(tl.where(lo3[None, :] == i[:, None], k, 0.0), axis=1)
         tl.store(idx_ptr + j, b * BLOCK + c * SUB + i, mask=jmask)
-        tl.store(prob_ptr + j, tl.exp(ki - top) / total, mask=jmask)
-        tl.store(w_ptr + j, tl.exp(-beta * (ki - kmin)), mask=jmask)
+        tl.store(prob_ptr + j, tl.where(none, 0.0, tl.exp(ki - top) / total), mask=jmask)
+        tl.store(w_ptr + j, tl.where(none, 0.0, tl.exp(-beta * (ki - kmin))), mask=jmask)
 
 
 # Elements of the widest per-program tile (draws x max(sub-blocks, SUB)) and of a scan chunk:
@@ -157,25 +165,34 @@ _TILE, _CHUNK = 1024, 1024
 _TILE_INTERPRETED, _CHUNK_INTERPRETED = 65536, 16384
 _SUB = 64  # keys per sub-block: 512 bytes of float64, one coalesced read per draw
 MAX_SLOTS = 2**31 - 1  # int32 slot counts and block indices in the kernels
+# Set in a caller's error word when no slot is live; the bit is free in freshper.kernels.slot_write's word
+# (the buffer shares one word between writes and draws). 32 is written literally in _block_scan.
+ERR_NO_LIVE = 32
 
 
-def _check(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, check_live: bool) -> None:
+def _check(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, check_live: bool, err=None) -> None:
     if keys.dim() != 1 or keys.numel() == 0:
         raise ValueError(f"keys must be a non-empty 1-D tensor, got shape {tuple(keys.shape)}")
     if uniforms.dim() != 1 or uniforms.numel() == 0:
         raise ValueError(f"uniforms must be a non-empty 1-D tensor, got shape {tuple(uniforms.shape)}")
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    if err is not None and (tuple(err.shape) != (1,) or err.dtype != torch.int32 or err.device != keys.device):
+        raise ValueError(f"err must be a (1,) int32 tensor on the keys' device, got {err.dtype} {tuple(err.shape)} "
+                         f"on {err.device}")
     if check_live and not bool((keys > float("-inf")).any()):  # one host sync; callers that know skip it
         raise ValueError("keys has no live slot (every key is -inf): nothing to sample")
 
 
-def sample_reference(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *, check_live: bool = True):
+def sample_reference(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *, check_live: bool = True,
+                     err: torch.Tensor | None = None):
     """Torch reference, float64. keys (N,), uniforms (B,) in [0, 1) -> (indices (B,) int64,
     probs (B,) float64, weights (B,) float64). At least one key must be finite; `check_live=False`
-    skips that check (a host sync) for callers that know. No other host sync: it is also the fair
-    torch composite (exp, cumsum, searchsorted) the kernel is benchmarked against."""
-    _check(keys, uniforms, beta, check_live)
+    skips that check (a host sync) for callers that know, or that pass `err` (1,) int32: with no
+    live slot every draw is then slot 0 with probability and weight 0, and ERR_NO_LIVE is or-ed
+    into err. No other host sync: it is also the fair torch composite (exp, cumsum, searchsorted)
+    the kernel is benchmarked against."""
+    _check(keys, uniforms, beta, check_live, err)
     k = keys.double()
     n = k.numel()
     live = k > float("-inf")
@@ -192,10 +209,15 @@ def sample_reference(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *,
     ar = torch.arange(n, device=k.device)
     nxt = torch.where(positive, ar, n).flip(0).cummin(0).values.flip(0)
     last = torch.where(positive, ar, -1).max()
-    idx = torch.minimum(torch.where(idx < n, nxt[idx.clamp(max=n - 1)], last), last)
+    idx = torch.minimum(torch.where(idx < n, nxt[idx.clamp(max=n - 1)], last), last).clamp(min=0)  # none: -1
     kmin = torch.where(live, k, float("inf")).min()
     ki = k[idx]
-    return idx, torch.exp(ki - big) / total, torch.exp(-beta * (ki - kmin))
+    none = last < 0
+    if err is not None:
+        err.bitwise_or_(none.int() * ERR_NO_LIVE)
+    zero = torch.zeros((), dtype=torch.float64, device=k.device)
+    probs = torch.where(none, zero, torch.exp(ki - big) / total)
+    return idx, probs, torch.where(none, zero, torch.exp(-beta * (ki - kmin)))
 
 
 def _plan(n: int, n_draws: int, block: int | None, *, compiled: bool | None = None) -> tuple[int, int, int, int, int]:
@@ -216,11 +238,11 @@ def _plan(n: int, n_draws: int, block: int | None, *, compiled: bool | None = No
 
 
 def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block: int | None = None, *,
-                  check_live: bool = True):
-    """The fused Triton sampler; same contract as `sample_reference` (float64 probs and weights).
-    block: keys per first-level block, a power of two >= 16 (None: up to 4096). At most
+                  check_live: bool = True, err: torch.Tensor | None = None):
+    """The fused Triton sampler; same contract as `sample_reference` (float64 probs and weights,
+    `err`). block: keys per first-level block, a power of two >= 16 (None: up to 4096). At most
     2^31 - 1 slots."""
-    _check(keys, uniforms, beta, check_live)
+    _check(keys, uniforms, beta, check_live, err)
     require_triton(keys)
     n = keys.numel()
     n_draws = uniforms.numel()
@@ -237,15 +259,16 @@ def sample_triton(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, block
     w = torch.empty(n_draws, **f64)
     with launch_range("kernel:sampler"):
         _block_stats[(nb,)](keys, n, bmax, bsum, bmin, subs, BLOCK=block, SUB=sub)
-        _block_scan[(1,)](bmax, bsum, bmin, nb, prefix, owner, scal, CHUNK=chunk)
+        _block_scan[(1,)](bmax, bsum, bmin, nb, prefix, owner, scal, owner if err is None else err,
+                          HAS_ERR=err is not None, CHUNK=chunk)
         _search[(triton.cdiv(n_draws, draws),)](keys, n, bmax, bsum, prefix, owner, subs, scal, nb,
                                                 nb.bit_length(), uniforms.contiguous(), n_draws, idx, prob, w,
                                                 BLOCK=block, SUB=sub, NSUB=block // sub, DRAWS=draws)
     return idx, prob, w
 
 
-def sample(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *, check_live: bool = True):
+def sample(keys: torch.Tensor, uniforms: torch.Tensor, beta: float, *, check_live: bool = True, err=None):
     """Stratified FreshPER draw: Triton on CUDA, the torch reference elsewhere."""
     if use_triton(keys):
-        return sample_triton(keys, uniforms, beta, check_live=check_live)
-    return sample_reference(keys, uniforms, beta, check_live=check_live)
+        return sample_triton(keys, uniforms, beta, check_live=check_live, err=err)
+    return sample_reference(keys, uniforms, beta, check_live=check_live, err=err)

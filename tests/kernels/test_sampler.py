@@ -151,3 +151,26 @@ def test_buffer_kernel_and_tree_draw_the_same_slots():
         assert (a.indices == b.indices).float().mean() > 0.99
         same = a.indices == b.indices
         torch.testing.assert_close(b.weights[same].log(), a.weights[same].log(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("n,block", [(300, 64), (5000, None), (17, None)])
+@pytest.mark.parametrize("fn", [sample_reference, sample_triton], ids=["reference", "triton"])
+def test_no_live_slot_sets_the_error_word_and_stays_inside(fn, n, block):
+    """Every key -inf and no host check (a sync-free buffer's sample): each draw returns a slot
+    inside the array with probability and weight 0, and the error word gets ERR_NO_LIVE; the
+    word's other bits stay. Today's wrong variant: indices -1 (the scan's fallback block -1,
+    then bmax[-1], subs[-64:] and keys[-4096:] read before the arrays)."""
+    from freshper.kernels.sampler import ERR_NO_LIVE
+
+    dead = on(torch.full((n,), -math.inf, dtype=torch.float64))
+    err = on(torch.tensor([4], dtype=torch.int32))
+    kw = {} if fn is sample_reference else {"block": block}
+    idx, probs, w = back(*fn(dead, on(torch.rand(9, dtype=torch.float64)), 0.4, check_live=False, err=err, **kw))
+    assert ((idx >= 0) & (idx < n)).all(), idx
+    assert (probs == 0).all() and (w == 0).all()
+    assert int(err) == 4 | ERR_NO_LIVE
+    live = on(random_keys(n, 3))  # a live slot: the word is left alone
+    err.zero_()
+    got = fn(live, on(torch.rand(9, dtype=torch.float64)), 0.4, check_live=False, err=err, **kw)
+    assert int(err) == 0
+    assert torch.isfinite(back(live)[back(got[0])]).all()
