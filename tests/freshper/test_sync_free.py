@@ -117,10 +117,11 @@ def _state(cap, g):
             "live": live, "keys": torch.randn(cap, generator=g, dtype=torch.float64),
             "own": torch.rand(cap, generator=g, dtype=torch.float64), "boosted": torch.rand(cap, generator=g) > 0.5,
             "scratch": torch.full((cap,), -1, dtype=torch.int64), "err": torch.zeros(1, dtype=torch.int32),
-            "max_p": torch.ones(1, dtype=torch.float64), "size": live.sum().reshape(1)}
+            "max_p": torch.ones(1, dtype=torch.float64), "size": live.sum().reshape(1),
+            "ctr": torch.tensor([3, 11, 8, -1])}
 
 
-@pytest.mark.parametrize("case", ["plain", "active", "at", "stamp", "bad"])
+@pytest.mark.parametrize("case", ["plain", "active", "at", "stamp", "bad", "birth", "bad-birth"])
 def test_write_kernel_matches_reference(case):
     """One Triton program against the torch composite, duplicates in the batch (checked once to
     fail with the winner taken as the first occurrence instead of the last)."""
@@ -130,9 +131,13 @@ def test_write_kernel_matches_reference(case):
     p = torch.rand(40, generator=g, dtype=torch.float64) * 3
     if case == "bad":
         p[5] = -1.0
-    kw = dict(mode="freshper", alpha=0.6, eps=1e-6, tau=7.0, zero_ok=True, step=9 if case == "stamp" else None,
+    born = "birth" in case
+    kw = dict(mode="freshper", alpha=0.6, eps=1e-6, tau=7.0, zero_ok=True,
+              step=9 if case == "stamp" or born else None,
               active=(torch.rand(40, generator=g) > 0.3) if case == "active" else None,
-              at=torch.tensor([2.5], dtype=torch.float64) if case == "at" else None, boosted=case == "active")
+              at=torch.tensor([2.5], dtype=torch.float64) if case == "at" else None, boosted=case == "active",
+              birth=torch.randint(0, 10 + (case == "bad-birth"), (40,), generator=g) if born else None,
+              advance=case in ("plain", "birth", "bad-birth"), set_step=born, boost_step="set" if born else None)
     a = {k: v.clone() for k, v in base.items()}
     b = {k: v.clone().to(DEVICE) for k, v in base.items()}
     write_slots_reference(a, slots, p, **kw)
@@ -140,7 +145,12 @@ def test_write_kernel_matches_reference(case):
     write_slots_triton(b, slots.to(DEVICE), p.to(DEVICE), **on_dev)
     for k in a:
         torch.testing.assert_close(b[k].cpu(), a[k], rtol=1e-15, atol=0, msg=k)
-    assert int(a["err"]) == (1 if case == "bad" else 0)
+    assert int(a["err"]) == {"bad": 1, "bad-birth": 16}.get(case, 0)
+    moved = int(a["err"]) == 0 and kw["advance"]
+    assert a["ctr"].tolist() == ([(3 + 40) % 50, 51, 9 if born else 8, 9 if born else -1] if moved else [3, 11, 8, -1])
+    if case == "birth":
+        last = {int(s): int(v) for s, v in zip(slots, kw["birth"])}
+        assert all(a["birth"][s] == v for s, v in last.items())
     assert (a["scratch"] == -1).all()
     if case == "plain":  # last occurrence wins
         last = {int(s): float(v) for s, v in zip(slots, p)}
