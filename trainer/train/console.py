@@ -3,6 +3,7 @@ the SIGINT/SIGTERM handler that finishes the iteration in progress before a chec
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("freshper")
@@ -11,7 +12,8 @@ log = logging.getLogger("freshper")
 def progress_line(row: dict) -> str:
     """One line of a run's progress for train.log."""
     line = (f"iter {row['iteration']}  env_steps {row['env_steps']}  reward {row['reward']:.3f}  "
-            f"success {row['success']:.3f}  loss {row['loss']:.4f}")
+            f"success {row['success']:.3f}  " + (f"loss {row['loss']:.4f}" if "loss" in row else  # gated
+                                                  f"batch dropped (age {row.get('batch_age')})"))
     if "replay_singleton_frac" in row:
         line += f"  replay age {row['replay_age_mean']:.1f}  singletons {row['replay_singleton_frac']:.2f}"
     for key in ("eval_success", "final_eval_success"):
@@ -46,12 +48,15 @@ class stop_on_signals:
     iteration is still running `grace` seconds after the first (a stuck iteration: a hung
     environment or engine): a process manager's SIGTERM then ends the run without waiting for
     its SIGKILL. The watchdog interrupts Python code; a wait inside C code ends when it returns.
-    Only in the main thread, where Python delivers signals."""
+    It times iterations only: a checkpoint written under `unwatched()` (the loop's, after the
+    iteration a stop let finish) takes what it takes, since aborting it loses the very checkpoint
+    the stop asked for. Only in the main thread, where Python delivers signals."""
 
     def __init__(self, trainer, grace: float | None = None):
         self.trainer = trainer
         self.grace = grace
         self.timer = None
+        self.paused = False
 
     def __enter__(self):
         import signal
@@ -74,7 +79,7 @@ class stop_on_signals:
         log.warning("%s: finishing iteration %d, then writing a checkpoint (Ctrl-C or SIGTERM again to abort without "
                     "one%s)", signal.Signals(signum).name, self.trainer.iteration,
                     f"; aborted if still running in {self.grace:g} s" if self.grace else "")
-        if self.grace:
+        if self.grace and not self.paused:
             self.timer = threading.Timer(self.grace, self._stuck, args=(self.trainer.iteration,))
             self.timer.daemon = True
             self.timer.start()
@@ -85,6 +90,19 @@ class stop_on_signals:
         log.error("iteration %d still running %g s after the stop signal: aborting without a checkpoint (the "
                   "latest one stays)", iteration, self.grace)
         _thread.interrupt_main()  # runs _handle in the main thread, which raises KeyboardInterrupt
+
+    @contextmanager
+    def unwatched(self):
+        """A stretch the watchdog does not time (a checkpoint being written): a running watchdog
+        is stopped, and a first stop signal within starts none; a second signal still aborts."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def __exit__(self, *exc):
         import signal

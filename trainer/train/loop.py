@@ -527,7 +527,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
-        with stop_on_signals(self, self.cfg.train.stop_grace), closing(self.trackers), _logging_above(bar):
+        with stop_on_signals(self, self.cfg.train.stop_grace) as stops, closing(self.trackers), _logging_above(bar):
             while self.iteration < end and not self.interrupted:
                 if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
@@ -546,7 +546,8 @@ class Trainer:
                 if main and (bar is None or row["iteration"] % every == 0 or "eval_success" in row):
                     log.info("%s", progress_line(row))
                 if self.iteration % cfg.train.checkpoint_every == 0:
-                    self.save_checkpoint()
+                    with stops.unwatched():  # train.stop_grace times the iteration, not its checkpoint
+                        self.save_checkpoint()
         if bar is not None:
             bar.close()
         self._finish(rows, time.perf_counter() - t0)

@@ -8,13 +8,28 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
-def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
+
+@pytest.fixture
+def spawned():
+    """The trainer processes a test starts: any still running when it ends (an assertion failed
+    before they stopped; the stuck runs are 100,000 iterations long) is killed, whatever happened."""
+    procs = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+def test_sigint_checkpoints_and_says_how_to_resume(tmp_path, spawned):
     run = tmp_path / "runs" / "int"
     cmd = [sys.executable, "-m", "freshper.trainer.cli", "train", "--preset", "tiny", "--train.iterations", "40",
            "--train.run_dir", str(tmp_path / "runs"), "--train.name", "int", "--train.checkpoint_every", "100"]
     env = {**os.environ, "FRESHPER_CACHE": os.environ.get("FRESHPER_CACHE", str(tmp_path / "cache"))}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    spawned.append(proc)
     metrics = run / "metrics.jsonl"
     seen = []
     for line in proc.stderr:  # the event: the log line of iteration 1 (its metrics row is written by then)
@@ -39,7 +54,7 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
     assert "done: " in done.stderr and "outputs: " in done.stderr
 
 
-def _stuck_run(tmp_path, grace: str):
+def _stuck_run(tmp_path, grace: str, spawned: list):
     """A run whose environment hangs from iteration 2 or later (once the flag file exists).
     Returns the process, the file its stderr goes to and the iteration that hangs: the number of
     metrics rows written when the hang began (iterations count from 0). The tiny preset runs 40
@@ -54,6 +69,7 @@ def _stuck_run(tmp_path, grace: str):
     with err.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, text=True, env=env,
                                 cwd=Path(__file__).resolve().parents[3])
+    spawned.append(proc)
 
     def wait_for(done, what):
         deadline = time.monotonic() + 300
@@ -69,10 +85,10 @@ def _stuck_run(tmp_path, grace: str):
     return proc, err, stuck
 
 
-def test_sigterm_stops_a_stuck_run(tmp_path):
+def test_sigterm_stops_a_stuck_run(tmp_path, spawned):
     """One SIGTERM: the stuck iteration is aborted after train.stop_grace, in one line, with exit 130
     (before, the run ignored SIGTERM for good and stopped only at a second SIGINT)."""
-    proc, log, stuck = _stuck_run(tmp_path, "3")
+    proc, log, stuck = _stuck_run(tmp_path, "3", spawned)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
@@ -84,8 +100,8 @@ def test_sigterm_stops_a_stuck_run(tmp_path):
     assert "Traceback" not in err
 
 
-def test_a_second_sigterm_aborts_at_once(tmp_path):
-    proc, log, stuck = _stuck_run(tmp_path, "0")  # no watchdog: only the second signal ends it
+def test_a_second_sigterm_aborts_at_once(tmp_path, spawned):
+    proc, log, stuck = _stuck_run(tmp_path, "0", spawned)  # no watchdog: only the second signal ends it
     proc.send_signal(signal.SIGTERM)
     time.sleep(2.0)
     assert proc.poll() is None, "one SIGTERM with no grace waits for the iteration"
@@ -94,3 +110,41 @@ def test_a_second_sigterm_aborts_at_once(tmp_path):
     err = log.read_text()
     assert proc.returncode == 130, err[-2000:]
     assert f"aborted in iteration {stuck} without a checkpoint" in err and "Traceback" not in err
+
+
+def test_the_checkpoint_after_a_stop_is_not_timed_by_the_watchdog(tmp_path, monkeypatch):
+    """Issue 77, defect 4: SIGTERM in iteration 1, checkpoint_every 1 and a save slower than
+    train.stop_grace: the stopped iteration's checkpoint is written (the watchdog used to count
+    the save against the grace and abort it: "aborted in iteration 2 without a checkpoint")."""
+    from contextlib import contextmanager
+
+    from freshper.trainer import config
+    from freshper.trainer.train import checkpoint as ckpt
+    from freshper.trainer.train.loop import Trainer
+
+    grace = 1.0
+    tr = Trainer(config.load("tiny", None, {"train.iterations": 5, "train.sft_steps": 0, "train.checkpoint_every": 1,
+                                            "train.stop_grace": grace}), tmp_path / "r")
+    real = ckpt.save
+
+    def slow_save(*a, **k):  # a large model on a slow disk; Python code, which the watchdog's interrupt reaches
+        end = time.monotonic() + 2.5 * grace
+        while time.monotonic() < end:
+            time.sleep(0.01)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ckpt, "save", slow_save)
+
+    @contextmanager
+    def sigterm_in_iteration_1(i):
+        yield
+        if i == 1:  # at the iteration's end: the save follows within the grace
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        tr.run(on_iteration=sigterm_in_iteration_1)
+    except KeyboardInterrupt:  # caught here: pytest would end the whole session on it
+        pytest.fail("the watchdog aborted the checkpoint after the stop")
+    assert tr.interrupted and tr.iteration == 2
+    assert (tmp_path / "r" / "checkpoints" / "iter_000002").is_dir()
+    assert ckpt.latest(tmp_path / "r" / "checkpoints").name == "iter_000002"
