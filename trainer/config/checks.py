@@ -7,7 +7,7 @@ from dataclasses import fields
 import yaml
 
 from .fields import TYPE_WORDS, YamlLoader, check_field, flatten
-from .options import ENV_NAMES, Config, EnvConfig
+from .options import ENV_NAMES, Config, EnvConfig, sft_steps
 
 
 def env_options(name: str) -> tuple[str, ...]:
@@ -107,6 +107,12 @@ def validate(cfg: Config) -> None:
                          f"a multiple of rollout.group_size ({r.group_size})")
     if a.mode != "on-policy" and a.replay_batch > a.capacity:
         raise ValueError(f"algo.replay_batch ({a.replay_batch}) must be <= algo.capacity ({a.capacity})")
+    if r.lag and r.lag_probs:
+        raise ValueError(f"rollout.lag={r.lag} and rollout.lag_probs={r.lag_probs!r}: give one (a constant lag, or a "
+                         "distribution of lags)")
+    if a.staleness == "gate" and not a.max_age:
+        raise ValueError("algo.staleness=gate drops batches older than algo.max_age: set algo.max_age >= 1 (0 means "
+                         "no gate)")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
         raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
     if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
@@ -119,8 +125,8 @@ def validate(cfg: Config) -> None:
         if not getattr(env_class(cfg.env.name), "has_solver", lambda: False)():
             raise ValueError(f"train.sft_replies='solver' needs an environment with a solver "
                              f"({', '.join(solver_envs())}), got env.name={cfg.env.name!r}")
-    if cfg.model.dtype == "float16" and (cfg.train.sft_steps or cfg.train.perception_steps):
-        raise ValueError(f"model.dtype=float16: the warm starts (train.sft_steps={cfg.train.sft_steps}, "
+    if cfg.model.dtype == "float16" and (sft_steps(cfg) or cfg.train.perception_steps):  # -1 (auto) resolved
+        raise ValueError(f"model.dtype=float16: the warm starts (train.sft_steps={sft_steps(cfg)}, "
                          f"train.perception_steps={cfg.train.perception_steps}) have no loss scaling; set both "
                          "to 0 or use model.dtype bfloat16 or float32")
     if cfg.model.init == "random":

@@ -84,6 +84,16 @@ def test_loss_scale_grows_backs_off_and_round_trips():
         LossScale(backoff=1.5)
 
 
+def test_an_overflow_restarts_the_count_of_finite_steps_before_growth():
+    """After a skipped step S grows only after `interval` finite steps counted from the skip:
+    finite steps before it do not carry over (an overflow says S was just too large)."""
+    s = LossScale(init=8.0, interval=3)
+    assert s.update(True) and s.update(True) and s.scale == 8.0
+    assert not s.update(False) and s.scale == 4.0
+    assert s.update(True) and s.update(True) and s.scale == 4.0, "grew on finite steps from before the overflow"
+    assert s.update(True) and s.scale == 8.0
+
+
 def test_fp16_refusals():
     with pytest.raises(ValueError, match="model.dtype=float16: the warm starts"):
         config.load("tiny", None, {"model.dtype": "float16", "train.sft_steps": 2})
@@ -91,6 +101,15 @@ def test_fp16_refusals():
 
     with pytest.raises(ValueError, match="fp16's loss scaling runs on one process"):
         check_world(_cfg(**{"model.dtype": "float16", "rollout.episodes": 8, "rollout.group_size": 2}), 2)
+
+
+def test_the_fp16_refusal_reads_the_resolved_warm_start_steps():
+    """Issue 77, defect 5: train.sft_steps -1 (auto) means no warm start for a pretrained model,
+    so fp16 on the default preset is not refused; on the tiny model auto means 60 steps."""
+    cfg = config.load("smollm2-135m-math", None, {"model.dtype": "float16"})
+    assert cfg.train.sft_steps == -1 and cfg.model.dtype == "float16"
+    with pytest.raises(ValueError, match=r"train.sft_steps=60,"):
+        config.load("tiny", None, {"model.dtype": "float16"})
 
 
 def test_a_checkpoint_keeps_the_scale_it_had_found(tmp_path):
