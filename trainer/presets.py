@@ -15,6 +15,7 @@ from __future__ import annotations
 # their agentic configs: rollout.lag 1; their math (RLVR) configs and our NQ preset generate
 # synchronously: lag 0 there). Weights must be on the machine or reachable from the hub.
 _PAPER_GPU = {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.engine": "vllm", "rollout.lag": 1,
+              "algo.staleness": "none",  # the authors train the lagged batch as if fresh
               "rollout.episodes": 1024,
               "rollout.group_size": 8, "rollout.max_new_tokens": 128, "rollout.max_len": 4096,
               "rollout.gpu_memory_utilization": 0.5, "eval.every": 5, "eval.episodes": 1024, "algo.lr": 1e-6,

@@ -36,6 +36,7 @@ from .options import (
                      buffer_insert,
                      lazy,
                      opt,
+                     parse_lag_probs,
                      sft_steps,
                      warm_start_seed,
 )
@@ -45,5 +46,5 @@ __all__ = ["PRESET_NEEDS", "PRESET_NEEDS_WHY", "PRESETS", "check_env_options", "
            "user_env_kwargs", "validate", "check_field", "choices", "convert", "field_table", "field_table_of",
            "flatten", "invalid_examples", "resolve_key", "resumable", "rules", "apply", "load", "to_yaml", "ENV_NAMES",
            "INSERT_PRIORITIES", "MATH_SCORERS", "TINY_SFT_STEPS", "AlgoConfig", "Config", "EnvConfig", "EvalConfig",
-           "ModelConfig", "RolloutConfig", "TrainConfig", "buffer_insert", "lazy", "opt", "sft_steps",
-           "warm_start_seed"]
+           "ModelConfig", "RolloutConfig", "TrainConfig", "buffer_insert", "lazy", "opt",
+           "parse_lag_probs", "sft_steps", "warm_start_seed"]

@@ -207,7 +207,7 @@ class Policy:
         return silent
 
     # ------------------------------------------------------------------------- the update
-    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None) -> dict:
+    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None, tis_cap=None) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
         (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
         rows. Returns detached scalar stats and two estimates (R,) of each row's per-token
@@ -218,14 +218,17 @@ class Policy:
         rows are this rank's share of the global batch and the scalar stats are global.
         `old_logp` None: the old policy is the current weights (the first pass over rows these
         weights' log-probs were not yet computed for); the update's own forward gives them, and
-        they come back as "logp" (R, L), equal to what `logprobs` would have returned."""
+        they come back as "logp" (R, L), equal to what `logprobs` would have returned.
+        `tis_cap`: the truncated IS cap for these rows (None: algo.tis_cap; a stale batch's is
+        algo.stale_tis_cap, trainer/train/staleness.py)."""
         a = self.cfg.algo
+        cap = a.tis_cap if tis_cap is None else tis_cap
         dev = self.device
         own = old_logp is None
         tokens, mask, adv = tokens.to(dev), mask.to(dev), adv.to(dev)
         old_logp = torch.zeros(tokens.shape, dtype=torch.float32, device=dev) if own else old_logp.to(dev)
         weights = None if weights is None else weights.to(dev).float()
-        tis_logp = tis_logp.to(dev) if (tis_logp is not None and a.tis_cap > 0) else None
+        tis_logp = tis_logp.to(dev) if (tis_logp is not None and cap > 0) else None
         self.net.train()
         ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None or \
             self.ref_is_base else None
@@ -269,7 +272,7 @@ class Policy:
                     clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, loss=a.loss, ratio_level=a.ratio_level,
                     ref_logp=cut(ref_logp),
                     kl_coef=a.kl_coef if ref_logp is not None else 0.0,
-                    tis_logp=cut(tis_logp), tis_cap=a.tis_cap if tis_logp is not None else None, return_stats=True,
+                    tis_logp=cut(tis_logp), tis_cap=cap if tis_logp is not None else None, return_stats=True,
                     exclude=self.exclude, n_active=n_act, check=False, logits_dtype=self.logits_dtype,
                     grad_scale=S),
                     starts=None if starts is None else starts[sl],

@@ -32,7 +32,7 @@ from freshper.buffer import ess_fraction
 from freshper.distributed import DistributedSampler
 from freshper.profiling.nvtx import Phases
 
-from ..config import Config, buffer_insert, env_kwargs, sft_steps, to_yaml, warm_start_seed
+from ..config import Config, buffer_insert, env_kwargs, parse_lag_probs, sft_steps, to_yaml, warm_start_seed
 from ..dist import RANK_SEED_STRIDE, SINGLE, Dist, check_world, rank0_first
 from ..engines import Sampling, make_engine
 from ..envs import make_env
@@ -42,13 +42,16 @@ from ..model.policy import Policy
 from ..model.precision import compute_dtype
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
+from .batches import LockstepBatches
 from .console import progress_line, stop_on_signals, summary
 from .drift import DriftTau
 from .intervals import mean_ci, rate_ci
+from .lags import LagSchedule
 from .metrics import MetricsLog, merge_rows, plot
 from .replay_signal import REPLAY_ROW_COLUMNS, replay_signal, rollout_signal, signal_rows
 from .rollout import Episodes, rollout
 from .seeding import group_seeds, make_deterministic, seed_everything
+from .staleness import treat
 from .trackers import Trackers
 from .trackers import check_installed as check_trackers
 from .trackers import parse as parse_trackers
@@ -174,8 +177,10 @@ class Trainer:
         self.updates_priorities = self.insert != "own" or (
             a.priority == "advantage" and a.replay_advantage == "recompute")
         self.buffer = self.sampler = None
-        self.pending: Episodes | None = None  # rollout.lag 1: the next iteration's batch, generated ahead
-        self.iteration = self.env_steps = self.episodes = 0
+        r = cfg.rollout
+        lags = LagSchedule(cfg.train.seed, r.lag, parse_lag_probs(r.lag_probs))
+        self.batches = LockstepBatches(lags, self._rollout, cfg.train.iterations)  # batches generated ahead
+        self.iteration = self.env_steps = self.episodes = self.dropped = 0
         sampler_rng = None
         if resume:
             sampler_rng = self._restore()
@@ -194,10 +199,10 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         path = ckpt.latest(self.run_dir / "checkpoints")
         state, self.buffer, sampler_rng = ckpt.load(path, self.policy, self.device, self.beta, dist)
-        pending = ckpt.load_pending(path, dist)
-        self.pending = Episodes.from_state(pending) if pending is not None else None
         self._check_resumed_buffer()
         self.iteration, self.env_steps, self.episodes = state["iteration"], state["env_steps"], state["episodes"]
+        self.dropped = state.get("dropped", 0)
+        self.batches.load(ckpt.load_pending(path, dist), self.iteration)
         if self.drift is not None and state.get("drift"):
             self.drift.load(state["drift"])
         if state.get("world_size", 1) != dist.world:
@@ -304,7 +309,7 @@ class Trainer:
                        r.max_new_tokens, r.max_len, self.sampling, phase=self.phase, processor=self.processor)
 
     def iteration_step(self) -> dict:
-        cfg, it, P, dev = self.cfg, self.iteration, self.phase, self.device
+        cfg, it, P = self.cfg, self.iteration, self.phase
         r = cfg.rollout
         groups = r.episodes // r.group_size
         ev = {}
@@ -312,57 +317,32 @@ class Trainer:
             with P("eval"):
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
         _, first = self._my_groups(it)
-        batch_lag = int(self.pending is not None)  # updates between this batch's weights and these (0 or 1)
         with P("rollout"):
             self.engine.wake()
-            ep = self.pending if batch_lag else self._rollout(it)
-            self.pending = None
+            made = self.batches.generated
+            batch = self.batches.take(it)
+            ep = batch.episodes
             env_steps, episodes = (int(x) for x in self.dist.sum(torch.tensor([ep.env_steps, len(ep)])))
             last = self._finished(it + 1, self.env_steps + env_steps)
-            if r.lag and not last:  # the next batch, with the weights this update starts from
-                self.pending = self._rollout(it + 1)
+            if not last:  # the batches these weights generate for later iterations (lag > 0)
+                self.batches.ahead(it)
+            generated = self.batches.generated - made
             self.engine.sleep()
+        a = cfg.algo
+        how = treat(a.staleness, it, batch.version, tau=self.drift.tau if self.drift is not None else a.tau,
+                    max_age=a.max_age, stale_tis_cap=a.stale_tis_cap)
+        batch_lag = how.age  # versions between this batch's weights and these
+        staleness = {"batch_age": how.age, "batch_weight": 1.0 if how.weight is None else how.weight,
+                     "episodes_generated": generated * self.dist.world, "episodes_dropped": 0 if how.keep else episodes,
+                     "episodes_in_flight": self.batches.in_flight() * self.dist.world}
+        self.dropped += 0 if how.keep else episodes  # the gate: generation wasted; replay updates still run
         # every reply failed to score: a scorer bug, not a policy (agreed over the ranks: all stop together)
         if self.dist.flag(ep.extra.get("score_errors", 0.0) == 1.0):
             raise RuntimeError(f"iteration {it}: the scorer raised on every one of the {len(ep)} replies (the first "
                                f"error is logged above); stopping instead of training on zero reward")
-        tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
-        score, reward = ep.score.to(dev), ep.reward.to(dev)
-        group = (it * groups + first + ep.group).to(dev)  # unique across iterations and ranks
-        old_logp = None  # the update's first forward gives the log-probs under these weights
-        if self.recompute_old_logp:  # the separate forward, as before the cut: the same numbers
-            with P("logprob_recompute"):
-                old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
-        adv, tok_adv = self._advantages(score, group, mask)
-        with P("onpolicy_update"):
-            on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
-            if old_logp is None:
-                old_logp = on.pop("logp")
-            passes = [self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision)
-                      for _ in range(cfg.algo.onpolicy_passes - 1)]
-        logp_check = self._engine_check(old_logp, elogp, mask)
-        extra_passes = {}
-        if passes:  # the further passes over the fresh batch: how far they moved from its old policy
-            extra_passes = {f"pass_{k}": sum(p[k] for p in passes) / len(passes)
-                            for k in ("loss", "clip_frac", "ratio_mean", "kl_mean")}
-
+        on, stats = self._train_on(batch, how, it * groups + first) if how.keep else ({}, {})
         replay = {}
         if self.buffer is not None:
-            with P("buffer_add"):
-                a = cfg.algo
-                behaviour = (old_logp if a.behaviour_logp == "before"
-                             else self.policy.logprobs(tokens, mask, vision=ep.vision))
-                optional = {}  # the fields some runs store: a VLM's images, the rollout lag
-                if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
-                    from freshper.images import pack_pngs
-
-                    optional["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
-                names = self.buffer.field_names
-                if not names or "gen_lag" in names:  # a buffer resumed from before gen_lag goes on without it
-                    optional["gen_lag"] = torch.full((len(ep),), batch_lag, dtype=torch.int8, device=dev)
-                self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
-                                old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
-                                adv=adv, **optional)
             replay = self._replay(it)
 
         with P("weight_sync"):
@@ -380,15 +360,62 @@ class Trainer:
             "reward": float(ep.reward.mean()), "score": float(ep.score.mean()), "penalty": float(ep.penalty.mean()),
             "success": float(ep.success.float().mean()), "valid_action": float(ep.valid_frac.mean()),
             "turns": float(ep.turns.float().mean()), "context_ended": float(ep.context_ended.float().mean()),
-            "gen_tokens": ep.gen_tokens, **rollout_signal(score, group, mask, elogp), "rollout_lag": batch_lag,
-            "loss": on["loss"], "clip_frac": on["clip_frac"],
-            "ratio_mean": on["ratio_mean"], "grad_norm": on["grad_norm"], "lr": self.policy.sched.get_last_lr()[0],
-            **logp_check, "weight_sync_s": sync_s,
-            "updates": self.policy.sched.last_epoch, **self.policy.scale_stats(), **extra_passes,
+            "gen_tokens": ep.gen_tokens, "rollout_lag": batch_lag, **staleness, "episodes_dropped_total": self.dropped,
+            **{k: on[k] for k in ("loss", "clip_frac", "ratio_mean", "grad_norm") if k in on},
+            "lr": self.policy.sched.get_last_lr()[0], **stats, "weight_sync_s": sync_s,
+            "updates": self.policy.sched.last_epoch, **self.policy.scale_stats(),
             "buffer_size": len(self.buffer) if self.buffer is not None else 0, **ep.extra, **replay, **ev,
             **{f"time_{k}": round(v, 4) for k, v in P.take().items()},
         }
         return merge_rows(self.dist.objects(row)) if self.dist.on else row
+
+    def _train_on(self, batch, how, group0: int) -> tuple[dict, dict]:
+        """The on-policy update(s) on one batch, treated as `how` says (its staleness), and its
+        entry into the buffer; returns the first update's statistics and the rest of its row.
+        `group0`: the first group id of this rank's batch (ids unique across iterations and ranks)."""
+        cfg, P, dev, ep, it = self.cfg, self.phase, self.device, batch.episodes, batch.iteration
+        tokens, mask, elogp = ep.tokens.to(dev), ep.mask.to(dev), ep.engine_logp.to(dev)
+        score, reward = ep.score.to(dev), ep.reward.to(dev)
+        group = (group0 + ep.group).to(dev)
+        old_logp = None  # the update's first forward gives the log-probs under these weights
+        if self.recompute_old_logp:  # the separate forward, as before the cut: the same numbers
+            with P("logprob_recompute"):
+                old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
+        adv, tok_adv = self._advantages(score, group, mask)
+        weights = None if how.weight is None else torch.full((len(ep),), how.weight, device=dev)
+        with P("onpolicy_update"):
+            on = self.policy.update(tokens, mask, old_logp, tok_adv, weights, elogp, vision=ep.vision,
+                                    tis_cap=how.tis_cap)
+            if old_logp is None:
+                old_logp = on.pop("logp")
+            passes = [self.policy.update(tokens, mask, old_logp, tok_adv, weights, elogp, vision=ep.vision,
+                                         tis_cap=how.tis_cap)
+                      for _ in range(cfg.algo.onpolicy_passes - 1)]
+        row = {**rollout_signal(score, group, mask, elogp), **self._engine_check(old_logp, elogp, mask)}
+        if passes:  # the further passes over the fresh batch: how far they moved from its old policy
+            row.update({f"pass_{k}": sum(p[k] for p in passes) / len(passes)
+                        for k in ("loss", "clip_frac", "ratio_mean", "kl_mean")})
+        if self.buffer is None:
+            return on, row
+        with P("buffer_add"):
+            a = cfg.algo
+            behaviour = (old_logp if a.behaviour_logp == "before"
+                         else self.policy.logprobs(tokens, mask, vision=ep.vision))
+            optional = {}  # the fields some runs store: a VLM's images, the rollout lag
+            if ep.pngs is not None:  # a VLM's images travel as PNG bytes: exact, and ~1% of the pixels' size
+                from freshper.images import pack_pngs
+
+                optional["images"] = pack_pngs(ep.pngs, cfg.rollout.image_bytes).to(dev)
+            names = self.buffer.field_names
+            if not names or "gen_lag" in names:  # a buffer resumed from before gen_lag goes on without it
+                # versions between the weights that made it and its birth (0 where it is born at them)
+                optional["gen_lag"] = torch.full((len(ep),), how.birth - batch.version, dtype=torch.int8, device=dev)
+            if how.birth != it:  # born at the weights that made it: replay decays it from there
+                optional["birth"] = how.birth
+            self.buffer.add(self._priority(reward, adv), step=it, tokens=tokens.to(torch.int32), mask=mask,
+                            old_logp=behaviour, engine_logp=elogp, score=score, reward=reward, group=group,
+                            adv=adv, **optional)
+        return on, row
 
     def _replay(self, it: int) -> dict:
         a, P = self.cfg.algo, self.phase
@@ -507,10 +534,11 @@ class Trainer:
         with self.phase("checkpoint"):
             return ckpt.save(self.run_dir / "checkpoints", self.iteration, self.policy, self.buffer,
                              {"env_steps": self.env_steps, "episodes": self.episodes, "model_path": self.model_path,
-                              "drift": self.drift.state() if self.drift is not None else None},
+                              "drift": self.drift.state() if self.drift is not None else None,
+                              "dropped": self.dropped},
                              self.cfg.train.keep_checkpoints, self.dist,
                              self.sampler.gen.get_state() if self.sampler is not None else None,
-                             self.pending.state() if self.pending is not None else None)
+                             self.batches.state())
 
     def run(self, iterations: int | None = None, on_iteration=None) -> list[dict]:
         """Train until `train.iterations` (or the env-step budget, or `iterations` more); returns this

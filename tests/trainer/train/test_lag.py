@@ -27,8 +27,9 @@ def test_the_batch_in_flight_comes_from_the_weights_before_the_update(tmp_path):
     rows = tr.run(iterations=1)
     assert_updates(rows)
     assert rows[0]["rollout_lag"] == 0, "the first batch has no earlier weights to come from"
-    ep = tr.pending
-    assert ep is not None and len(ep) == 8
+    assert list(tr.batches.pending) == [1]
+    ep = tr.batches.pending[1].episodes
+    assert len(ep) == 8
     under_now = tr.policy.logprobs(ep.tokens, ep.mask)
     tr.model.load_state_dict(before)
     under_before = tr.policy.logprobs(ep.tokens, ep.mask)
@@ -60,14 +61,14 @@ def test_resume_keeps_the_batch_in_flight(tmp_path):
     over = {**OVER, "rollout.lag": 1}
     full = Trainer(config.load("tiny", None, over), tmp_path / "full")
     rows_full = full.run()
-    assert full.pending is None, "the last iteration generates nothing ahead"
+    assert not full.batches.pending, "the last iteration generates nothing ahead"
     part = Trainer(config.load("tiny", None, over), tmp_path / "part")
     part.run(iterations=2)
     saved = ckpt.latest(tmp_path / "part" / "checkpoints")
     assert (saved / "pending.pt").exists()
     del part
     resumed = Trainer(config.load("tiny", None, over), tmp_path / "part", resume=True)
-    assert resumed.pending is not None
+    assert list(resumed.batches.pending) == [2]
     rows_res = resumed.run()
     assert stable(rows_res[0]) == stable(rows_full[2])
     for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
