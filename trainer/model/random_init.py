@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("freshper")
@@ -97,15 +99,26 @@ def random_model_dir(path: str) -> Path:
     out = cache_dir() / "models" / f"random-{digest}"
     if (out / "config.json").exists():
         return out
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    vocab = spec["vocab_size"]
-    tok = byte_tokenizer(vocab)
-    cfg = PretrainedConfig.from_dict(spec) if "model_type" not in spec else _config_class(spec)
-    cfg.pad_token_id = tok.pad_token_id
-    cfg.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of this process's own, renamed into place whole: runs building it at once do not
+    # write into one another's files, and the first rename wins.
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
+    try:
+        vocab = spec["vocab_size"]
+        tok = byte_tokenizer(vocab)
+        cfg = PretrainedConfig.from_dict(spec) if "model_type" not in spec else _config_class(spec)
+        cfg.pad_token_id = tok.pad_token_id
+        cfg.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").exists():  # not another run's finished folder: a real failure
+                raise
+            return out
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     log.info("random-init folder for %s (config and a byte-level tokenizer of %d tokens, no weights): %s",
              path, vocab, out)
     return out

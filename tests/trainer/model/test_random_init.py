@@ -48,6 +48,60 @@ def test_shipped_architecture_builds_offline_at_its_size(tmp_path, monkeypatch):
                                   if p.startswith("qwen2.5-") and "-vl-" not in p}
 
 
+def _small_architecture(folder):
+    """A local folder with only a Qwen2 config.json (no tokenizer), as model.init=random takes."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 300, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1}))
+    return folder
+
+
+def test_a_run_building_the_folder_at_the_same_time_does_not_crash_this_one(tmp_path, monkeypatch):
+    """Issue 77, defect 6: two first runs build the random-init folder at once. Here the other run
+    builds and renames it into place while this one is building: this one takes the finished folder,
+    and neither leaves a temporary folder behind (both wrote to one fixed `.tmp` name, and the
+    second rename crashed)."""
+    import freshper.trainer.model.random_init as R
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    arch = str(_small_architecture(tmp_path / "arch"))
+    real, calls = R.byte_tokenizer, []
+
+    def racing(vocab):
+        calls.append(vocab)
+        if len(calls) == 1:  # mid-build: the other run finishes first
+            assert (R.random_model_dir(arch) / "config.json").exists()
+        return real(vocab)
+
+    monkeypatch.setattr(R, "byte_tokenizer", racing)
+    folder = R.random_model_dir(arch)
+    assert len(calls) == 2 and (folder / "config.json").exists() and (folder / "tokenizer.json").exists()
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+def test_random_weights_are_drawn_under_train_seed(tmp_path, monkeypatch):
+    """The same seed draws the same weights, another seed other ones, whatever the caller's RNG."""
+    from freshper.trainer.model.load import load_policy
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    tiny = {"train.iterations": 1, "train.sft_steps": 0}
+    _, _, folder = load_policy(config.load("tiny", None, tiny), torch.device("cpu"))
+
+    calls = []
+
+    def weights(seed: int) -> torch.Tensor:
+        calls.append(seed)
+        torch.manual_seed(1000 + len(calls))  # the caller's stream differs each time: only train.seed may decide
+        cfg = config.load("tiny", None, {**tiny, "model.path": folder, "model.init": "random", "train.seed": seed})
+        model, _, _ = load_policy(cfg, torch.device("cpu"))
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    first = weights(0)
+    assert torch.equal(first, weights(0))
+    assert not torch.equal(first, weights(1))
+
+
 def test_random_init_refuses_what_it_cannot_build():
     with pytest.raises(ValueError, match="model.init=random needs model.path"):
         config.load(PAPER, None, {"model.init": "random", "model.path": "someone/unknown-model"})
