@@ -24,19 +24,23 @@ def progress_line(row: dict) -> str:
 
 def summary(rows: list[dict], iterations: int, env_steps: int, seconds: float, run_dir: Path, png, n_eval: int) -> str:
     """The closing lines of a run: what was trained, the first, final and best validation (95%
-    intervals over the validation states, as evaluate() measured them), where things are."""
+    intervals over the validation states, as evaluate() measured them), where things are. The
+    best ranks every validation, the final one (after the last iteration) too; it is left out
+    when there is only one validation to rank."""
     wall = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     lines = [f"done: {iterations} iterations, {env_steps} env steps, {wall} wall"]
-    evals = [(r["iteration"], r["eval_success"], r["eval_success_ci95"]) for r in rows if "eval_success" in r]
-    if evals and evals[0][0] == 0:
+    evals = [(f"before iteration {r['iteration']}", r["eval_success"], r["eval_success_ci95"])
+             for r in rows if "eval_success" in r]
+    if evals and "eval_success" in rows[0] and rows[0]["iteration"] == 0:
         lines.append(f"eval success before training {evals[0][1]:.3f} ± {evals[0][2]:.3f} (95%, {n_eval} replies)")
     final = rows[-1].get("final_eval_success")
     if final is not None:
-        lines.append(f"final eval success {final:.3f} ± {rows[-1]['final_eval_success_ci95']:.3f} (95%, {n_eval} "
-                     f"replies)")
-    if evals:
-        it, best, half = max(evals, key=lambda e: e[1])
-        lines.append(f"best eval success {best:.3f} ± {half:.3f} (before iteration {it})")
+        half = rows[-1]["final_eval_success_ci95"]
+        lines.append(f"final eval success {final:.3f} ± {half:.3f} (95%, {n_eval} replies)")
+        evals.append(("the final validation", final, half))
+    if len(evals) > 1:
+        when, best, half = max(evals, key=lambda e: e[1])
+        lines.append(f"best eval success {best:.3f} ± {half:.3f} ({when})")
     lines.append(f"outputs: {run_dir}/metrics.jsonl, {png or 'no plot'}, {run_dir}/checkpoints")
     return "\n  ".join(lines)
 

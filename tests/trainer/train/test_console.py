@@ -1,0 +1,40 @@
+"""What a run prints when it ends (trainer/train/console.py's summary) and where its progress goes
+(a bar on a terminal, one line an iteration in a log file)."""
+from pathlib import Path
+
+from freshper.trainer.train.console import summary
+
+
+def _rows(in_loop: dict[int, float], final: float | None, iterations: int) -> list[dict]:
+    rows = []
+    for it in range(iterations):
+        row = {"iteration": it}
+        if it in in_loop:
+            row.update(eval_success=in_loop[it], eval_success_ci95=0.1)
+        rows.append(row)
+    if final is not None:
+        rows[-1].update(final_eval_success=final, final_eval_success_ci95=0.134)
+    return rows
+
+
+def _lines(rows) -> list[str]:
+    return summary(rows, len(rows), 100, 30.0, Path("runs/x"), None, 128).split("\n  ")
+
+
+def test_the_best_validation_ranks_the_final_one_too():
+    """Issue 77, defect 7: the default job validates before iteration 0 and after the last; its
+    summary called the untrained model's 0.117 the best beside a final 0.805."""
+    lines = _lines(_rows({0: 0.117}, 0.805, 15))
+    assert "final eval success 0.805 ± 0.134 (95%, 128 replies)" in lines
+    assert "best eval success 0.805 ± 0.134 (the final validation)" in lines
+    assert not any(line.startswith("best eval success 0.117") for line in lines)
+
+
+def test_an_in_loop_validation_above_the_final_one_is_the_best():
+    lines = _lines(_rows({0: 0.1, 5: 0.9, 10: 0.4}, 0.5, 15))
+    assert "best eval success 0.900 ± 0.100 (before iteration 5)" in lines
+
+
+def test_one_validation_has_no_best_line():
+    assert not any(line.startswith("best eval success") for line in _lines(_rows({0: 0.2}, None, 3)))
+    assert not any(line.startswith("best eval success") for line in _lines(_rows({}, 0.6, 3)))
