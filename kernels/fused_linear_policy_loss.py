@@ -21,12 +21,15 @@ Numerics follow eager bf16 autograd: logits rounded to the inputs' dtype by the 
 log-softmax and its gradient in float32, the gradient rounded once to the inputs' dtype before
 the two backward GEMMs. With `logits_dtype=torch.float32` GEMM 1 keeps its float32 accumulator
 instead of rounding the logits (cuBLAS's out_dtype: the same FLOPs, twice the buffer's bytes; on
-the CPU an exact upcast and a float32 GEMM). A bf16 logit is off by up to half a bf16 spacing,
+the CPU an exact upcast and a float32 GEMM), and the row kernel's store rounds the gradient to
+the operands' dtype itself: on CUDA into the float32 buffer's own memory (logit_rows.grad_buffer),
+so there is no cast pass and nothing is allocated per chunk. Chunks are sized in tokens
+(`default_chunk`), the same for both logits dtypes. A bf16 logit is off by up to half a bf16 spacing,
 0.06 nats at |z| = 16, and that rounding doubles the log-prob gap between an engine's decode and
 the trainer's forward at one set of weights (results/benchmarks/mismatch-sources-cpu-2026-12-06/).
 grad_weight accumulates over chunks in the weight's dtype (one rounding per chunk) or, with
-`accum_dtype=torch.float32`, in a float32 buffer rounded once at the end (eager's single
-rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
+`accum_dtype=torch.float32` or float32 logits, in a float32 buffer rounded once at the end
+(eager's single rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
 
 Host synchronisation: none when the caller passes `n_active` (the trainer knows it from the one
 sync a micro-batch already has) and `check=False`. Otherwise one read of the mask's sum and, with
@@ -37,24 +40,28 @@ from __future__ import annotations
 
 import torch
 
-from .logit_rows import rows
+from .logit_rows import grad_buffer, rows
 from .policy_loss import _STATS, _row_coef, check_inputs, loss_and_grad
+from .token_terms import token_terms
 
 _OUT_DTYPE: dict[tuple, bool] = {}  # (op, device type, operand dtype) -> whether out_dtype=float32 runs
-# Bytes of the reused logits buffer, by default. On a GPU large chunks keep the GEMMs efficient and
-# the launches few (256 MiB: 880 tokens at V = 151,936 in bf16); the CPU reference also makes
-# float32 temporaries of a chunk, and its GEMMs are efficient at a few hundred rows already.
-LOGITS_BUDGET = {"cuda": 256 * 2**20, "cpu": 32 * 2**20}
+# Chunks are sized in tokens, whatever the logits' dtype: (at least this many tokens, and more
+# while the chunk's logits number at most this many). On a GPU the chunk's rows are GEMM 2's
+# output tiles and the times W and the weight gradient are streamed, so 1,024 tokens at
+# V = 151,936 (622 MB of float32 logits) and more at smaller vocabularies; the CPU reference
+# makes float32 temporaries of a chunk, and its GEMMs are efficient at a few dozen rows already.
+CHUNK_TOKENS = {"cuda": (1024, 2**27), "cpu": (64, 2**23)}
 
 
-def default_chunk(n_tokens: int, vocab: int, dtype: torch.dtype, device: str | torch.device = "cuda",
-                  budget: int | None = None) -> int:
-    """Tokens per chunk: as many as fit `budget` bytes (None: LOGITS_BUDGET for the device type)
-    of (chunk, vocab) logits in `dtype` (a multiple of 64 above 64, for the GEMMs), at most
-    `n_tokens`, at least 1."""
-    kind = torch.device(device).type
-    budget = budget or LOGITS_BUDGET.get(kind, LOGITS_BUDGET["cuda"])
-    rows_ = max(1, budget // (vocab * torch.finfo(dtype).bits // 8))
+def default_chunk(n_tokens: int, vocab: int, device: str | torch.device = "cuda") -> int:
+    """Tokens per chunk on `device`'s type (CHUNK_TOKENS: the floor, or as many as keep the
+    chunk's logits within its element count), a multiple of 64 above 64, at most `n_tokens`,
+    at least 1. The same for bf16 and float32 logits: float32 costs the buffer's bytes, not
+    the chunk's size."""
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"vocab must be a positive int, got {vocab!r}")
+    floor, elements = CHUNK_TOKENS.get(torch.device(device).type, CHUNK_TOKENS["cuda"])
+    rows_ = max(floor, elements // vocab)
     if rows_ > 64:
         rows_ -= rows_ % 64
     return max(1, min(rows_, n_tokens))
@@ -87,7 +94,7 @@ def has_out_dtype(op: str, device: str | torch.device, dtype: torch.dtype = torc
 def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b with acc float32 and a, b in a low-precision dtype, products accumulated in
     float32 (cuBLAS's out_dtype where this torch has it; exact upcasts elsewhere)."""
-    if a.is_cuda and has_out_dtype("addmm", a.device, a.dtype):
+    if has_out_dtype("addmm", a.device, a.dtype):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
         return
     torch.addmm(acc, a.float(), b.float(), out=acc)
@@ -105,7 +112,7 @@ class LogitsGemm:
         w = self.weight
         if out.dtype == h.dtype:
             return torch.mm(h, w.T, out=out)
-        if h.is_cuda and has_out_dtype("mm", h.device, h.dtype):
+        if has_out_dtype("mm", h.device, h.dtype):
             return torch.mm(h, w.T, out_dtype=out.dtype, out=out)
         if self.up is None:
             self.up = w.to(out.dtype)
@@ -148,7 +155,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     operands (the module docstring)."""
     n, V = hidden.shape[0], weight.shape[0]
     ldt = _logits_dtype(logits_dtype, weight.dtype)
-    chunk_size = chunk_size or default_chunk(n, V, ldt, hidden.device)
+    chunk_size = chunk_size or default_chunk(n, V, hidden.device)
     if exclude is not None:
         exclude = exclude.to(hidden.device)
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -176,7 +183,7 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         h = hidden.reshape(-1, H).index_select(0, active)
         y = targets.reshape(-1).index_select(0, active)
         ldt = opts["logits_dtype"] or dt
-        chunk = opts["chunk_size"] or default_chunk(n, V, ldt, dev)
+        chunk = opts["chunk_size"] or default_chunk(n, V, dev)
         exclude = opts["exclude"]
         m = mask.reshape(B, T).to(torch.float32)
         coef = _row_coef(m.sum(1), kw["agg"])  # d loss / d (row's sum of token terms), from the mask
@@ -190,7 +197,9 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
                    tis=_per_token(kw["tis_logp"], active, (B, T)))
         grad = need_h or need_w
         grad_h = torch.empty((n, H), dtype=dt, device=dev) if need_h else None
-        acc_dt = opts["accum_dtype"] or dt
+        # float32 logits are asked for where bf16's roundings matter: the weight gradient then sums its
+        # chunks in float32 too, rounded once at the end as eager's is
+        acc_dt = opts["accum_dtype"] or (torch.float32 if ldt == torch.float32 else dt)
         grad_w = torch.zeros((V, H), dtype=acc_dt, device=dev) if need_w else None
         logp_a = torch.empty(n, dtype=torch.float32, device=dev)
         terms = torch.empty((n, 4), dtype=torch.float32, device=dev)
@@ -205,6 +214,8 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
         # the row pass forms the gradient of grad_scale x loss, so that fp16 keeps its small parts
         row_coef = tok["coef"] * opts["grad_scale"] if opts["grad_scale"] != 1.0 else tok["coef"]
         buf = torch.empty((min(chunk, n), V), dtype=ldt, device=dev)
+        # the row pass writes the gradient in the GEMMs' dtype here: no cast pass, nothing allocated per chunk
+        dbuf = grad_buffer(buf, dt) if grad else buf
         logits = LogitsGemm(weight)
         if not sequence or grad:
             row_kw = dict(clip_low=kw["clip_low"], clip_high=kw["clip_high"], kl_coef=kw["kl_coef"],
@@ -212,27 +223,27 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
                 z = logits(h[s:e], buf[:e - s])  # GEMM 1 (2 in a two-pass loss)
+                d = z if dbuf is buf else dbuf[:e - s]
                 if exclude is not None:
                     z.index_fill_(1, exclude, -float("inf"))
                 if sequence:
-                    rows(z, y[s:e], mode="given", g=g[s:e], lse=lse_a[s:e])
+                    rows(z, y[s:e], mode="given", out=d, g=g[s:e], lse=lse_a[s:e])
                 else:
                     part = {k: (v[s:e] if v is not None else None) for k, v in tok.items()}
                     part["coef"] = row_coef[s:e]
-                    lp, _, te = rows(z, y[s:e], mode="loss" if grad else "logp", **part, **row_kw)
+                    lp, _, te = rows(z, y[s:e], mode="loss" if grad else "logp", out=d if grad else None, **part,
+                                     **row_kw)
                     logp_a[s:e] = lp
                     if te is None:  # no gradient wanted: the terms alone
                         te = _terms_only(lp, part, row_kw)
                     terms[s:e] = te
-                if grad and ldt != dt:  # the gradient rounded once to the operands' dtype, as eager's
-                    z = z.to(dt)
                 if need_h:
-                    torch.mm(z, weight, out=grad_h[s:e])  # GEMM 2
+                    torch.mm(d, weight, out=grad_h[s:e])  # GEMM 2
                 if need_w:
                     if acc_dt == dt:
-                        torch.addmm(grad_w, z.T, h[s:e], out=grad_w)  # GEMM 3
+                        torch.addmm(grad_w, d.T, h[s:e], out=grad_w)  # GEMM 3
                     else:
-                        _addmm_f32(grad_w, z.T, h[s:e])
+                        _addmm_f32(grad_w, d.T, h[s:e])
         if not sequence:
             loss = (terms[:, 0] * tok["coef"]).sum()
             tokens = m.sum()
@@ -271,8 +282,6 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
 
 
 def _terms_only(lp, part, row_kw):
-    from .logit_rows import token_terms
-
     loss, _, active, ratio, kl = token_terms(lp, part["old"], part["adv"], part["scale"],
                                              clip_low=row_kw["clip_low"], clip_high=row_kw["clip_high"],
                                              kl_coef=row_kw["kl_coef"], ref=part["ref"], tis=part["tis"],
@@ -291,14 +300,15 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     lm_weight (each only if it requires grad and grad mode is on); the gradients are formed in
     the forward (see the module docstring).
 
-    chunk_size: active tokens per chunk (None: `default_chunk`: a 256 MiB logits buffer on CUDA).
+    chunk_size: active tokens per chunk (None: `default_chunk`: 1,024 on CUDA at V = 151,936).
     return_stats: also a dict of the loss's detached statistics (as `policy_loss`) plus "logp":
         the (B, T) float32 log-probs the loss used (0 at masked tokens), at no extra cost.
     exclude: vocabulary ids out of the softmax, as in `token_logprobs`; no target may be one.
     old_logp None: the old policy is the current one (ratio 1); stats["logp"] returns them.
     n_active: the number of non-zero mask entries, if the caller knows it (no host sync).
     check: check the targets on the host (syncs); off, bad targets give NaN (see the module).
-    accum_dtype: None (the weight's dtype) or torch.float32 for grad_weight across chunks.
+    accum_dtype: None (float32 with float32 logits, else the weight's dtype) or torch.float32
+        for grad_weight across chunks.
     logits_dtype: None (the weight's dtype) or torch.float32: GEMM 1 keeps float32 logits (the
         module docstring); the gradient is still rounded to the weight's dtype for GEMMs 2 and 3.
     grad_scale: the loss scale S of a dynamic loss-scaling caller, which backpropagates S x loss.

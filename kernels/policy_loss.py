@@ -24,7 +24,8 @@ Two variants of the policy term (`loss`, `ratio_level`):
                              every token of it (GSPO), so a token's loss depends on its whole row
 
 Sequence-level ratios run in the torch reference on every device: the kernel's one pass treats
-tokens independently.
+tokens independently. The per-token term itself is token_terms.py's, in torch (the reference
+here, through autograd) and in Triton (the kernel here and logit_rows' row pass).
 
 Every token's loss depends on its own log-prob alone, so d loss / d logp_t = coef_b * dl_t with
 coef_b fixed by the mask. The kernel runs one program per (sequence, block of tokens), computes
@@ -38,6 +39,7 @@ import math
 import torch
 
 from .backend import HAS_TRITON, launch_range, require_triton, use_triton
+from .token_terms import token_terms
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSSES = ("clip", "cispo")
@@ -47,6 +49,8 @@ _STATS = ("clip_frac", "ratio_mean", "kl_mean", "tokens")
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from .token_terms import policy_term
 
     @triton.jit
     def _policy_loss_fwd(logp_ptr, old_ptr, adv_ptr, mask_ptr, w_ptr, ref_ptr, tis_ptr, dl_ptr, part_ptr,
@@ -67,37 +71,15 @@ if HAS_TRITON:
         lp = tl.load(logp_ptr + b * stride_lp + t, mask=m, other=0.0).to(tl.float32)
         old = tl.load(old_ptr + b * stride_old + t, mask=m, other=0.0).to(tl.float32)
         a = tl.load(adv_ptr + b * stride_adv_b + t * stride_adv_t, mask=m, other=0.0).to(tl.float32)
-        ratio = tl.exp(lp - old)
-        if CISPO:  # the capped ratio is a constant factor: d/dlogp of -c A logp is -c A
-            capped = tl.minimum(ratio, 1.0 + clip_high)
-            pg = -capped * a * lp
-            dpg = -capped * a
-        else:
-            clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
-            s1 = ratio * a
-            s2 = clipped * a
-            # The clipped branch binds when it is strictly smaller: then the gradient is zero.
-            binds = s2 < s1
-            pg = -tl.where(binds, s2, s1)
-            dpg = tl.where(binds, 0.0, -s1)
-        scale = w
-        if HAS_TIS:
-            tis = tl.load(tis_ptr + b * stride_tis + t, mask=m, other=0.0).to(tl.float32)
-            scale = w * tl.minimum(tl.exp(old - tis), tis_cap)
-        loss = scale * pg
-        dl = scale * dpg
-        kl = tl.zeros((BLOCK_T,), tl.float32)
+        ref = lp
         if HAS_KL:
             ref = tl.load(ref_ptr + b * stride_ref + t, mask=m, other=0.0).to(tl.float32)
-            e = tl.exp(ref - lp)
-            kl = e - (ref - lp) - 1.0
-            loss += kl_coef * kl
-            dl += kl_coef * (1.0 - e)
+        tis = old
+        if HAS_TIS:
+            tis = tl.load(tis_ptr + b * stride_tis + t, mask=m, other=0.0).to(tl.float32)
+        loss, dl, clip_active, ratio, kl = policy_term(lp, old, a, w, ref, tis, clip_low, clip_high, kl_coef,
+                                                       tis_cap, HAS_KL, HAS_TIS, CISPO)
         tl.store(dl_ptr + b * stride_dl + t, tl.where(m, dl, 0.0), mask=inb)
-        if CISPO:
-            clip_active = (a > 0) & (ratio > 1.0 + clip_high)
-        else:
-            clip_active = ((a > 0) & (ratio > 1.0 + clip_high)) | ((a < 0) & (ratio < 1.0 - clip_low))
         out = part_ptr + (b * n_chunks + c) * 5
         tl.store(out + 0, tl.sum(tl.where(m, loss, 0.0), axis=0))
         tl.store(out + 1, tl.sum(m.to(tl.float32), axis=0))
@@ -226,29 +208,16 @@ def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, cli
     m = mask.to(dt)
     a = advantages.to(dt)
     a = a[:, None].expand_as(lp) if a.dim() == 1 else a
-    log_ratio = lp - old
+    log_ratio = None
     if ratio_level == "sequence":  # GSPO: the row's mean log-ratio, for each of its tokens
         live = m > 0
-        seq = torch.where(live, log_ratio, torch.zeros_like(log_ratio)).sum(-1) / m.sum(-1).clamp_min(1.0)
+        seq = torch.where(live, lp - old, torch.zeros_like(lp)).sum(-1) / m.sum(-1).clamp_min(1.0)
         log_ratio = seq[:, None].expand_as(lp)
-    ratio = torch.exp(log_ratio)
-    if loss == "cispo":
-        tok = -ratio.clamp(max=1.0 + clip_high).detach() * a * lp
-    else:
-        clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-        tok = -torch.minimum(ratio * a, clipped * a)
-    scale = torch.ones_like(lp)
-    if weights is not None:
-        scale = scale * weights.to(dt)[:, None]
-    if tis_logp is not None:
-        c = torch.exp(old - tis_logp.to(dt))
-        scale = scale * (c.clamp(max=tis_cap) if tis_cap is not None else c)
-    tok = tok * scale
-    kl = torch.zeros_like(lp)
-    if ref_logp is not None and kl_coef > 0:
-        d = ref_logp.to(dt) - lp
-        kl = torch.exp(d) - d - 1.0
-        tok = tok + kl_coef * kl
+    scale = torch.ones_like(lp) if weights is None else weights.to(dt)[:, None].expand_as(lp)
+    tok, _, active, ratio, kl = token_terms(lp, old, a, scale, clip_low=clip_low, clip_high=clip_high,
+                                            kl_coef=kl_coef, ref=None if ref_logp is None else ref_logp.to(dt),
+                                            tis=None if tis_logp is None else tis_logp.to(dt), tis_cap=tis_cap,
+                                            cispo=loss == "cispo", log_ratio=log_ratio)
     counts = m.sum(-1)
     total = aggregate(tok, m, agg)
     if not return_stats:
@@ -256,10 +225,8 @@ def policy_loss_reference(logp, old_logp, advantages, mask, weights=None, *, cli
     with torch.no_grad():
         live = m > 0
         denom = counts.sum().clamp_min(1.0)
-        active = (a > 0) & (ratio > 1.0 + clip_high)
-        if loss != "cispo":
-            active = active | ((a < 0) & (ratio < 1.0 - clip_low))
-        stats = {"clip_frac": (active & live).sum() / denom, "ratio_mean": torch.where(live, ratio, 0.0).sum() / denom,
+        stats = {"clip_frac": torch.where(live, active, 0.0).sum() / denom,
+                 "ratio_mean": torch.where(live, ratio, 0.0).sum() / denom,
                  "kl_mean": torch.where(live, kl, 0.0).sum() / denom, "tokens": counts.sum()}
     return total, stats
 

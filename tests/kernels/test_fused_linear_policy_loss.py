@@ -461,3 +461,131 @@ def test_out_dtype_probed_per_op_and_device(monkeypatch):
     assert calls == [torch.float32]  # probed once
     with pytest.raises(ValueError, match="op must be"):
         mod.has_out_dtype("bmm", "meta")
+
+
+# ------------------------------------------------------ float32 logits: no cast pass, float32 sums
+def _chunk_passes(monkeypatch, logits_dtype, share=True, cast=False):
+    """Run forward + backward on the meta device (whose mm and addmm take out_dtype, as cuBLAS's
+    do) with the row pass stubbed, and return the (op, shape, dtype) of every tensor the fused
+    op's own code makes: the GEMMs and the glue the CUDA path runs, without its kernel."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from freshper.kernels.logit_rows import grad_buffer
+
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    seen_out = []
+
+    def rows_stub(z, y, *, mode="loss", out=None, **kw):
+        seen_out.append(None if out is None else out.dtype)
+        if cast:  # the wrong variant: a cast pass over the chunk
+            z.to(torch.bfloat16)
+        n = z.shape[0]
+        return (torch.empty(n, device=z.device), torch.empty(n, device=z.device),
+                torch.empty(n, 4, device=z.device) if mode == "loss" else None)
+
+    monkeypatch.setattr(mod, "rows", rows_stub)
+    monkeypatch.setattr(mod, "grad_buffer", lambda z, dt: grad_buffer(z, dt, share=share), raising=False)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                self.ops.append((func.overloadpacket.__name__, tuple(out.shape), out.dtype))
+            return out
+
+    B, T, H, V, chunk = 2, 40, 24, 300, 16
+    h = torch.empty(B, T, H, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.empty(V, H, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    y = torch.empty(B, T, dtype=torch.int64, device="meta")
+    mask, old, adv = (torch.empty(B, T, device="meta", dtype=dt) for dt in (torch.bool, torch.float32, torch.float32))
+    with Ops() as rec:
+        loss = mod.fused_linear_policy_loss(h, w, y, old, adv, mask, n_active=50, check=False, chunk_size=chunk,
+                                            logits_dtype=logits_dtype)
+        loss.backward()
+    return rec.ops, seen_out, (V, H)
+
+
+@pytest.mark.parametrize("logits_dtype", [None, torch.float32])
+def test_float32_logits_make_no_cast_pass(logits_dtype, monkeypatch):
+    """The float32-logits path as CUDA runs it: no chunk-sized cast (`_to_copy`, `copy_`) and no
+    chunk-sized allocation per chunk; the row pass is handed a bf16 destination (z's own memory)
+    and GEMM 3 sums the weight gradient into float32 (out_dtype), rounded once at the end. Fails
+    on 47a7be5, whose `z.to(bf16)` after each chunk's row pass is the cast counted here."""
+    ops, outs, (V, H) = _chunk_passes(monkeypatch, logits_dtype)
+    chunky = [o for o in ops if len(o[1]) == 2 and V in o[1] and min(o[1]) > 1 and o[1] != (V, H)]
+    casts = [o for o in chunky if o[0] in ("_to_copy", "copy_", "to")]
+    assert not casts, casts
+    allocs = [o for o in chunky if o[0] in ("empty", "empty_like", "new_empty", "zeros", "empty_strided")]
+    assert len(allocs) == 1, allocs  # the one logits buffer, reused by every chunk
+    assert outs == [torch.bfloat16] * len(outs) and len(outs) == 4  # 50 tokens, chunks of 16
+    gemm3 = [o[2] for o in ops if o[0] == "addmm" and o[1] == (V, H)]  # not out_dtype's 2x2 probe
+    assert gemm3 == [torch.float32 if logits_dtype else torch.bfloat16] * 4, gemm3
+
+
+def test_the_cast_counter_sees_a_cast(monkeypatch):
+    """The counter has power: a separate gradient buffer shows as a second chunk-sized
+    allocation, and a row pass that casts its chunk (47a7be5's `z.to(bf16)`) as a `_to_copy`."""
+    ops, _, (V, _) = _chunk_passes(monkeypatch, torch.float32, share=False)
+    assert sum(1 for o in ops if o[0] == "empty" and len(o[1]) == 2 and o[1][1] == V) == 2
+    ops, _, _ = _chunk_passes(monkeypatch, torch.float32, cast=True)
+    assert ("_to_copy", (16, V), torch.bfloat16) in ops
+
+
+def test_float32_logits_sum_the_weight_gradient_in_float32():
+    """With float32 logits and no accum_dtype the weight gradient over 9 chunks is the float32
+    accumulator's (bit for bit), at most EAGER_FACTOR x eager bf16's error from float64. Checked
+    to fail when float32 logits keep the bf16 accumulator."""
+    h, w, y, mask, old, adv = bf16_case("unconfident", 1)
+    fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=4, logits_dtype=torch.float32)
+    f32, _, _ = three_ways(h, w, y, mask, old, adv, chunk_size=4, logits_dtype=torch.float32,
+                           accum_dtype=torch.float32)
+    assert torch.equal(fused[1], f32[1]) and fused[1].dtype == torch.bfloat16
+    assert rel_l2(fused[1], ref[1]) <= EAGER_FACTOR * rel_l2(eag[1], ref[1])
+
+
+def test_chunks_are_sized_in_tokens():
+    """At least 1,024 tokens a chunk at V = 151,936 on CUDA, whatever the logits' dtype (the byte
+    budget of 47a7be5 gave 832 in bf16 and 384 in float32), more at a smaller vocabulary, a
+    multiple of 64, never more than the tokens there are."""
+    from freshper.kernels.fused_linear_policy_loss import default_chunk
+
+    assert default_chunk(4096, 151_936, "cuda") == 1024
+    assert default_chunk(8192, 49_152, "cuda") == 2688
+    assert default_chunk(300, 151_936, "cuda") == 300
+    assert default_chunk(4096, 151_936, "cpu") == 64
+    with pytest.raises(ValueError, match="vocab must be a positive int"):
+        default_chunk(10, 0)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_grad_scale_divides_out_at_both_ratio_levels(level):
+    """grad_scale S: the caller backpropagates S x loss and gets S x the gradients (formed at
+    that scale, so that fp16 keeps their small parts), at token level and along GSPO's two-pass
+    sequence-level path. Checked to fail (65,536x too small) when the sequence-level path drops
+    grad_scale."""
+    hidden, weight, targets, mask, old, adv, w, _ = on(*make(3, 9, 16, 50, seed=11))
+    S = 2.0 ** 16
+    kw = dict(ratio_level=level, chunk_size=4)
+    scaled = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, grad_scale=S, **kw) * S,
+                   hidden, weight, torch.float64)
+    plain = grads(lambda a, b: fused_linear_policy_loss(a, b, targets, old, adv, mask, w, **kw),
+                  hidden, weight, torch.float64)
+    for a, b in zip(scaled, plain):
+        torch.testing.assert_close(a / S, b, rtol=1e-10, atol=1e-14)
+
+
+def test_the_packed_gradient_through_the_loss(monkeypatch):
+    """The whole loss with float32 logits, bf16 operands, the Triton row pass (interpreted) and
+    its gradient written into the logits' own memory, as on CUDA: within eager bf16's error."""
+    from freshper.kernels.logit_rows import grad_buffer, rows_triton
+
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    monkeypatch.setattr(mod, "rows", rows_triton)
+    monkeypatch.setattr(mod, "grad_buffer", lambda z, dt: grad_buffer(z, dt, share=True))
+    h, w, y, mask, old, adv = bf16_case("confident", 0)
+    fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=16, logits_dtype=torch.float32)
+    assert within_eager(fused, ref, eag), [(rel_l2(a, r), rel_l2(e, r)) for a, r, e in zip(fused, ref, eag)]

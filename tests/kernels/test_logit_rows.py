@@ -102,3 +102,40 @@ def test_bad_mode():
     z, y, _ = case(2, 5, 0)
     with pytest.raises(ValueError, match="mode"):
         rows_reference(z, y, mode="both")
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("mode", ["loss", "given"])
+def test_float32_logits_write_a_bf16_gradient(share, mode):
+    """Float32 logits, bf16 GEMMs: the kernel's store rounds the float32 gradient once into the
+    GEMMs' buffer (grad_buffer: a separate bf16 tensor, or z's own memory, row i's gradient in
+    the first half of row i's bytes), within one bf16 step of the float32 gradient rounded to
+    bf16 (the cast pass this replaces; float32 exp differs in its last bits). Checked to fail
+    with the packed view's row stride taken as z's (rows overlap) and with the last column
+    block's store dropped."""
+    from freshper.kernels.logit_rows import grad_buffer
+
+    z, y, t = case(12, 150, seed=9)
+    kw = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.05, tis_cap=2.0)
+    g = torch.randn(12, generator=torch.Generator().manual_seed(2))
+    extra = dict(t, **kw) if mode == "loss" else dict(g=g, lse=torch.logsumexp(z, -1))
+    z32 = z.clone()
+    lp_r, _, te_r = rows_reference(z32, y, mode=mode, **extra)  # the float32 gradient, over z32
+    want = z32.bfloat16()
+    zt = on(z.clone())
+    d = grad_buffer(zt, torch.bfloat16, share=share)
+    assert d.dtype == torch.bfloat16 and (d.data_ptr() == zt.data_ptr()) == share
+    lp_t, _, te_t = rows_triton(zt, on(y), mode=mode, out=d, block_v=32,
+                                **{k: on(v) if torch.is_tensor(v) else v for k, v in extra.items()})
+    torch.testing.assert_close(back(d).float(), want.float(), rtol=2 ** -7, atol=1e-30)
+    if mode == "loss":
+        torch.testing.assert_close(back(lp_t), lp_r, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(back(te_t), te_r, rtol=1e-5, atol=1e-6)
+    # the reference writes the same into a separate buffer, and refuses to write over what it reads
+    zr, dr = z.clone(), torch.empty(z.shape, dtype=torch.bfloat16)
+    rows_reference(zr, y, mode=mode, out=dr, **extra)
+    assert torch.equal(dr, want)
+    with pytest.raises(ValueError, match="out must not share z's memory"):
+        rows_reference(zr, y, mode=mode, out=grad_buffer(zr, torch.bfloat16, share=True), **extra)
+    with pytest.raises(ValueError, match="out must be None or a floating"):
+        rows_reference(z.clone(), y, mode=mode, out=torch.empty(12, 149, dtype=torch.bfloat16), **extra)
