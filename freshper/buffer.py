@@ -34,6 +34,7 @@ import torch
 
 from freshper import checkpoint
 from freshper.priorities import MODES, log_keys
+from freshper.sync_free import Counters
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # looked up, not imported
 
@@ -56,10 +57,9 @@ EVICTIONS = ("fifo", "stalest")
 # maximum until it is sampled (standard PER), or at the maximum until the step advances.
 INSERTS = ("own", "max", "max-one-step")
 SAMPLERS = ("auto", "tree", "scan", "triton")
-_ERRORS = {1: ("priority", "must be finite and >= 0"), 2: ("priority", "+ eps must be > 0 (a priority 0 with eps=0)"),
-           4: ("indices", "must lie in [0, capacity)"), 8: ("indices", "must point at live slots")}
 _REBASE_UP = 100.0  # nats a new key may sit above `ref` before the tree is rebuilt
 _REBASE_TOTAL = 1e-100  # tree totals below this are rebuilt against the current max key
+_NO_BIRTHS = np.zeros(0, np.int64)  # the tree's write: every slot born at the step
 
 
 class SampleBatch:
@@ -116,7 +116,7 @@ def _check_tau(tau) -> None:
         raise ValueError(f"tau must be a float > 0 (inf: no decay), got {tau!r}")
 
 
-class ReplayBuffer:
+class ReplayBuffer(Counters):
     """FreshPER replay buffer over `capacity` trajectory slots on `device`.
 
     P(i) ∝ ((p_i + eps) · exp(-(t - b_i)/tau))^alpha over live slots ("freshper"); no decay for
@@ -196,19 +196,11 @@ class ReplayBuffer:
         self._boost_step: int | None = None
         self._boost_slots = torch.zeros(0, dtype=torch.int64, device=d)  # the boosted step's inserts
         self._fields: dict[str, torch.Tensor] = {}
-        # device-resident counters (read on the host only when asked: len(), checkpoints)
-        self._size_t = torch.zeros(1, dtype=torch.int64, device=d)
-        self._next_t = torch.zeros(1, dtype=torch.int64, device=d)
-        self._max_p_t = torch.ones(1, dtype=torch.float64, device=d)
-        self._err = torch.zeros(1, dtype=torch.int32, device=d)
-        self._scratch = torch.full((capacity,), -1, dtype=torch.int64, device=d) if sync_free else None
-        self._cfg = torch.tensor([float(alpha), float(eps), float(tau)], dtype=torch.float64).to(d)
-        self._maybe_live = False  # host-known: whether any slot may be live (sync-free sampling)
-        self._size = 0
-        self._next = 0  # FIFO write position
-        self._added = 0  # trajectories ever added
         self._step: int | None = None  # latest step seen
-        self._max_priority = 1.0  # largest raw priority ever written (standard PER starts at 1)
+        # counters: device tensors of a sync-free buffer (read on the host only when asked: len(),
+        # checkpoints), else host ints (freshper/sync_free.py)
+        self._init_counters(capacity, d)
+        self._refresh_cfg()
         self._gen = torch.Generator(device=d)
         self._gen.manual_seed(seed)
         self._st = _sumtree() if sampler == "tree" else None  # the compiled loops, looked up once
@@ -218,70 +210,6 @@ class ReplayBuffer:
         self._bind_views()
         if fields:
             self._declare({k: (tuple(s), dt) for k, (s, dt) in fields.items()})
-
-    # ----------------------------------------------------- counters: host ints, or device tensors
-    @property
-    def _size(self) -> int:
-        return int(self._size_t) if self.sync_free else self._size_h
-
-    @_size.setter
-    def _size(self, v: int) -> None:
-        if self.sync_free:
-            self._size_t.fill_(v)
-        else:
-            self._size_h = v
-        self._maybe_live = v > 0
-
-    @property
-    def _next(self) -> int:
-        return int(self._next_t) if self.sync_free else self._next_h
-
-    @_next.setter
-    def _next(self, v: int) -> None:
-        if self.sync_free:
-            self._next_t.fill_(v)
-        else:
-            self._next_h = v
-
-    @property
-    def _max_priority(self) -> float:
-        return float(self._max_p_t) if self.sync_free else self._max_h
-
-    @_max_priority.setter
-    def _max_priority(self, v: float) -> None:
-        if self.sync_free:
-            self._max_p_t.fill_(v)
-        else:
-            self._max_h = v
-
-    def check(self) -> None:
-        """Raise ValueError for bad input that a sync-free call took on the device, naming the
-        argument; the calls that carried it wrote nothing. One host read of a 4-byte word: call
-        it where the trainer synchronises anyway (after an update). A no-op otherwise."""
-        if not self.sync_free:
-            return
-        code = int(self._err)
-        if code:
-            self._err.zero_()
-            what = "; ".join(f"{arg} {msg}" for bit, (arg, msg) in _ERRORS.items() if code & bit)
-            raise ValueError(f"bad input to an earlier add / update_priorities (it wrote nothing): {what}")
-
-    def _device_write(self, slots, p, *, step=None, need_live=False, active=None, set_own=True, boosted=False,
-                      raise_max=True, at=None) -> None:
-        from freshper.kernels.slot_write import write_slots, write_slots_reference, write_slots_triton
-
-        state = {"log_base": self._log_base, "birth": self._birth, "live": self._live, "keys": self._keys,
-                 "own": self._own, "boosted": self._boosted, "scratch": self._scratch, "err": self._err,
-                 "max_p": self._max_p_t, "size": self._size_t, "cfg": self._cfg}
-        fn = write_slots_triton if self.sampler == "triton" and slots.device.type == "cpu" else (
-            write_slots_reference if self.sampler == "scan" else write_slots)
-        fn(state, slots, p, mode=self.mode, alpha=self.alpha, eps=self.eps, tau=self.tau,
-           zero_ok=self.mode == "uniform" or self.eps != 0, step=step, need_live=need_live, active=active,
-           set_own=set_own, boosted=boosted, raise_max=raise_max, at=at)
-
-    def _device_input(self, x) -> bool:
-        """Whether a sync-free buffer takes `x` as it is and validates it on the device."""
-        return self.sync_free and isinstance(x, torch.Tensor) and x.device == self.device
 
     # ----------------------------------------------------------------------------- validation
     @staticmethod
@@ -344,6 +272,30 @@ class ReplayBuffer:
                 if t.dtype != want.dtype:
                     raise TypeError(f"field {name!r} must have dtype {want.dtype}, got {t.dtype}")
 
+    def _check_birth(self, birth, step: int, n: int) -> torch.Tensor | None:
+        """None (each slot born at `step`) or the births (n,) int64 on the device. Their values
+        are checked here, except a sync-free buffer's tensor on its device: the write kernel
+        checks those, and an error surfaces at check()."""
+        if birth is None:
+            return None
+        allowed = f"an int or a ({n},) integer tensor with 0 <= birth <= step={step}"
+        if _is_int(birth):
+            if not 0 <= birth <= step:
+                raise ValueError(f"birth must be {allowed}, got {birth}")
+            return None if birth == step else torch.full((n,), int(birth), dtype=torch.int64, device=self.device)
+        if not isinstance(birth, torch.Tensor) or birth.dtype.is_floating_point or birth.dtype.is_complex \
+                or birth.dtype == torch.bool:
+            raise ValueError(f"birth must be {allowed}, got {getattr(birth, 'dtype', type(birth).__name__)}")
+        if tuple(birth.shape) != (n,):
+            raise ValueError(f"birth must be {allowed}, got shape {tuple(birth.shape)}")
+        b = birth.detach().to(torch.int64)
+        if self._device_input(birth):
+            return b
+        bad = (b < 0) | (b > step)
+        if bool(bad.any()):
+            raise ValueError(f"birth must be {allowed}, got {b[bad][:4].tolist()}")
+        return b.to(self.device)
+
     def _check_indices(self, indices) -> torch.Tensor:
         idx = torch.as_tensor(indices).detach()
         if idx.dim() != 1 or idx.numel() == 0 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
@@ -369,14 +321,16 @@ class ReplayBuffer:
         return idx
 
     # ------------------------------------------------------------------------------ internals
-    def _write(self, slots: torch.Tensor, p: torch.Tensor, step: int | None) -> int:
+    def _write(self, slots: torch.Tensor, p: torch.Tensor, step: int | None, birth=None) -> int:
         """Set priorities of `slots` (a repeated slot keeps its last value), mark them live and,
-        with `step`, re-stamp their birth. Returns how many of them were empty."""
+        with `step`, re-stamp their birth (at `birth` (n,) where given, else at step). Returns how
+        many of them were empty."""
         if self._tree is not None:
             newly, kmax = self._st.write_slots(
                 self._np_log_base, self._np_birth, self._np_live, self._np_keys, self._tree.sums, self._tree.mins,
                 self._tree.size, slots.numpy(), p.numpy(), self.eps, 0 if step is None else step, step is not None,
-                self._st.MODE_CODES[self.mode], self.alpha, self.tau, self._ref)
+                _NO_BIRTHS if birth is None else birth.numpy(), self._st.MODE_CODES[self.mode], self.alpha,
+                self.tau, self._ref)
             if kmax > self._ref + _REBASE_UP or self._tree.total < _REBASE_TOTAL:
                 self._rebuild()
             return int(newly)
@@ -385,7 +339,7 @@ class ReplayBuffer:
         newly = int((~self._live[slots]).sum())
         self._log_base[slots] = torch.log(p + self.eps)
         if step is not None:
-            self._birth[slots] = step
+            self._birth[slots] = step if birth is None else birth[keep]
         self._live[slots] = True
         self._keys[slots] = log_keys(self._log_base[slots], self._birth[slots], mode=self.mode, alpha=self.alpha,
                                      tau=self.tau)
@@ -446,7 +400,7 @@ class ReplayBuffer:
     def field_names(self) -> list[str]:
         return sorted(self._fields)
 
-    def add(self, priority=None, step: int | None = None, **fields) -> torch.Tensor:
+    def add(self, priority=None, step: int | None = None, birth=None, **fields) -> torch.Tensor:
         """Write B trajectories; returns their slots (B,) int64. A full buffer evicts the oldest
         (fifo) or the least likely (stalest) slots.
 
@@ -454,6 +408,9 @@ class ReplayBuffer:
             priority (torch.Tensor | None): (B,) finite floats >= 0, each trajectory's own
                 priority; None: "max".
             step: the step (iteration) they were collected at, an int not earlier than any seen.
+            birth (int | torch.Tensor | None): the step each was generated at, an int or (B,)
+                integer tensor in [0, step]; None: step. The slots' birth is set to it, so a
+                trajectory generated by older weights enters already aged (`age = step - birth`).
             **fields (torch.Tensor): tensors with leading dim B (token ids, masks, log-probs,
                 rewards, ...).
 
@@ -481,21 +438,26 @@ class ReplayBuffer:
         if n > self.capacity:
             raise ValueError(f"priority has {n} entries, more than capacity={self.capacity}")
         step = self._check_step(step)
+        birth = self._check_birth(birth, step, n)
         self._check_fields(fields, n)
-        if not self._fields:
-            self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
         if self.sync_free and self.eviction != "fifo":
             raise ValueError("a sync_free buffer adds with eviction='fifo' only (stalest eviction reads the keys)")
-        self._expire_boost(step)
+        if not self._fields:
+            self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
         at_max = priority is None or self.insert != "own"
         if self.sync_free:
-            return self._add_on_device(own, at_max, step, fields)
+            slots = self._choose_slots(n)
+            # device input is validated before the boost ends: a rejected add ends nothing
+            checked = not (self._device_input(priority) or self._device_input(birth))
+            self._expire_boost(step, None if checked else {"slots": slots, "p": own, "birth": birth, "step": step})
+            return self._add_on_device(slots, own, at_max, step, birth, fields)
+        self._expire_boost(step)
         if not at_max:
             self._max_priority = max(self._max_priority, own_max)
         p = torch.full_like(own, self._max_priority) if at_max else own
 
         slots = self._choose_slots(n)
-        self._size += self._write(slots, p, step)
+        self._size += self._write(slots, p, step, birth)
         if self._st is not None:  # slots are distinct here: order does not matter
             self._st.set_own_in_order(self._np_own, self._np_boosted, slots.numpy(), own.numpy(),
                                       self.insert == "max-one-step")
@@ -513,40 +475,16 @@ class ReplayBuffer:
         self._step = step
         return slots
 
-    def _add_on_device(self, own, at_max: bool, step: int, fields: dict) -> torch.Tensor:
-        """`add` with no host sync: one write kernel, then the fields; the counters on the device."""
-        n = own.numel()
-        slots = self._choose_slots(n)
-        boost = self.insert == "max-one-step"
-        self._device_write(slots, own, step=step, boosted=boost, raise_max=not at_max,
-                           at=self._max_p_t.clone() if at_max else None)
-        if boost:
-            same = self._boost_step == step
-            self._boost_slots = torch.cat([self._boost_slots, slots]) if same else slots
-            self._boost_step = step
-        ok = self._err == 0  # a rejected add writes no field either
-        for name, t in fields.items():
-            dst = self._fields[name]
-            t = t.to(self.device)
-            dst.index_copy_(0, slots, torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, dst[slots]))
-        self._next_t.add_(n).remainder_(self.capacity)
-        self._added += n
-        self._step = step
-        self._maybe_live = True
-        return slots
-
-    def _expire_boost(self, step: int) -> None:
+    def _expire_boost(self, step: int, gate: dict | None = None) -> None:
         """insert="max-one-step": once the step moves past the inserts' step, the slots still at
         the maximum get their own priority back. Only those slots are touched (no O(N) refresh);
-        their decay since birth is in the key already (freshper/priorities.py)."""
+        their decay since birth is in the key already (freshper/priorities.py). `gate`: see
+        `_expire_on_device`."""
         if self._boost_step is None or step <= self._boost_step:
             return
         self._boost_step = None
-        if self.sync_free:  # every boost slot, those no longer boosted inactive: no boolean index
-            slots = self._boost_slots
-            self._boost_slots = self._boost_slots[:0]
-            if slots.numel():
-                self._device_write(slots, self._own[slots], active=self._boosted[slots], raise_max=False)
+        if self.sync_free:
+            self._expire_on_device(gate)
             return
         slots = self._boost_slots[self._boosted[self._boost_slots]]  # not since replayed or overwritten
         self._boost_slots = self._boost_slots[:0]
@@ -564,14 +502,14 @@ class ReplayBuffer:
         are recomputed: O(N), meant for occasional changes such as an adaptive tau per iteration."""
         _check_tau(tau)
         self.tau = float(tau)
-        self._cfg[2:3].fill_(self.tau)  # the write kernel's float64 copy of tau
+        self._refresh_cfg()
         self._recompute_keys()
 
     def probabilities(self, step: int | None = None) -> torch.Tensor:
         """Exact sampling distribution, (capacity,) float64, 0 for empty slots. The decay makes it
         depend on ages only through birth-step differences, so `step` merely has to be valid."""
         if step is not None:
-            self._step = self._check_step(step)
+            self._set_step(self._check_step(step))
             self._expire_boost(self._step)
         if self._size == 0:
             return torch.zeros(self.capacity, dtype=torch.float64, device=self.device)
@@ -604,7 +542,7 @@ class ReplayBuffer:
         taken as the buffer's latest and any expired insertion boost ended."""
         step = self._check_step(step) if step is not None else self._step
         beta = self._beta_at(step)
-        self._step = step
+        self._set_step(step)
         self._expire_boost(step)
         return step, beta
 
@@ -617,9 +555,11 @@ class ReplayBuffer:
             t = self._tree
             self._st.sample_slots(t.sums, t.mins, t.size, self._np_keys, u.numpy(), beta, idx, probs, weights)
             return torch.from_numpy(idx), torch.from_numpy(probs), torch.from_numpy(weights)
+        # size > 0 is known on the host, or a sync-free buffer's sampler reports none at check()
+        err = self._err if self.sync_free else None
         if self.sampler == "triton":
-            return _fused().sample_triton(self._keys, u, beta, check_live=False)  # callers know size > 0
-        return _fused().sample_reference(self._keys, u, beta, check_live=False)
+            return _fused().sample_triton(self._keys, u, beta, check_live=False, err=err)
+        return _fused().sample_reference(self._keys, u, beta, check_live=False, err=err)
 
     def _batch(self, idx, weights, probs, step: int, beta: float) -> SampleBatch:
         birth = self._birth[idx]
@@ -676,9 +616,11 @@ class ReplayBuffer:
         p, pmax = self._check_priority(priority, idx.numel())
         if step is not None:
             step = self._check_step(step)
-            self._expire_boost(step)
+            # validated (liveness included: the device holds it) before the boost ends, so that a
+            # rejected update ends nothing
+            self._expire_boost(step, {"slots": idx, "p": p, "need_live": True} if self.sync_free else None)
         if self.sync_free:
-            self._device_write(idx, p, step=step, need_live=True)
+            self._device_write(idx, p, step=step, need_live=True, set_step=step is not None)
             if step is not None:
                 self._step = step
             return

@@ -78,7 +78,10 @@ def _beta_to_json(beta):
 
 
 def buffer_state(buf, mirror: CpuMirror | None = None, copy: bool = True) -> dict:
-    """{'meta': ..., 'tensors': ...} of `buf`, with tensors on the CPU (through the mirror)."""
+    """{'meta': ..., 'tensors': ...} of `buf`, with tensors on the CPU (through the mirror). A
+    sync-free buffer's pending error word goes with it (and its host views are first set from
+    the device: see freshper/sync_free.py)."""
+    err = buf._settle()
     device_tensors = {"log_base": buf._log_base, "birth": buf._birth, "live": buf._live, "own": buf._own,
                       "boosted": buf._boosted}
     device_tensors.update({f"field.{k}": v for k, v in buf._fields.items()})
@@ -93,9 +96,10 @@ def buffer_state(buf, mirror: CpuMirror | None = None, copy: bool = True) -> dic
         "format_version": FORMAT_VERSION,
         "config": {"capacity": buf.capacity, "mode": buf.mode, "alpha": buf.alpha, "beta": _beta_to_json(buf.beta),
                    "tau": buf.tau, "eps": buf.eps, "eviction": buf.eviction, "seed": buf.seed, "sampler": buf.sampler,
-                   "insert": buf.insert},
+                   "insert": buf.insert, "sync_free": buf.sync_free},
         "counters": {"size": buf._size, "next": buf._next, "added": buf._added, "step": buf._step,
-                     "tree_ref": buf._ref, "max_priority": buf._max_priority, "boost_step": buf._boost_step},
+                     "tree_ref": buf._ref, "max_priority": buf._max_priority, "boost_step": buf._boost_step,
+                     "err": err},
         "fields": {k: [list(v.shape[1:]), str(v.dtype).removeprefix("torch.")] for k, v in buf._fields.items()},
     }
     return {"meta": meta, "tensors": tensors}
@@ -149,6 +153,7 @@ def load_buffer_state(buf, sd: dict) -> None:
     for key in ("mode", "alpha", "tau", "eps", "eviction"):
         setattr(buf, key, cfg[key])
     buf.insert = cfg.get("insert", "own")  # version 1 had no insertion rule: slots held what was written
+    buf._refresh_cfg()  # the write kernel's device copy of alpha, eps and tau
     if beta is not None:
         buf.beta = schedule_from_dict(beta) if isinstance(beta, dict) else beta
     buf._log_base = tensors["log_base"].to(d).clone()
@@ -158,12 +163,11 @@ def load_buffer_state(buf, sd: dict) -> None:
         buf._own, buf._boosted = tensors["own"].to(d).clone(), tensors["boosted"].to(d).clone()
     else:
         buf._own, buf._boosted = buf._log_base.exp() - buf.eps, torch.zeros_like(buf._live)
-    buf._boost_step = counters.get("boost_step")
     buf._boost_slots = buf._boosted.nonzero().squeeze(1)  # derived: the slots still boosted
     buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
-    buf._size, buf._next, buf._added = counters["size"], counters["next"], counters["added"]
-    buf._step = counters["step"]
-    buf._max_priority = counters.get("max_priority", 1.0)  # absent in states saved before it existed
+    # max_priority and err are absent in states saved before they were kept
+    buf._load_counters(counters["size"], counters["next"], counters["added"], counters["step"],
+                       counters.get("boost_step"), counters.get("max_priority", 1.0), counters.get("err", 0))
     buf._gen.set_state(tensors["rng"].clone())
     buf._recompute_keys(ref=counters["tree_ref"])
 
@@ -191,9 +195,11 @@ def buffer_from_state(cls, sd: dict, *, device=None, beta=None, source: str = "t
     if (sampler == "tree" and device.type != "cpu") or (
             sampler == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"):
         sampler = "auto"
+    # Sync-free as saved where the saved sampler runs (absent in older states: the device's default)
+    sync_free = cfg.get("sync_free") if sampler != "auto" else None
     buf = cls(cfg["capacity"], mode=cfg["mode"], alpha=cfg["alpha"], beta=beta, tau=cfg["tau"], eps=cfg["eps"],
               eviction=cfg["eviction"], device=device, seed=cfg["seed"], sampler=sampler,
-              insert=cfg.get("insert", "own"),
+              insert=cfg.get("insert", "own"), sync_free=sync_free,
               fields={k: (tuple(s), getattr(torch, dt)) for k, (s, dt) in meta["fields"].items()})
     buf.load_state_dict(sd)
     return buf

@@ -87,10 +87,11 @@ def _lift(sums, mins, size, idx):
 
 
 @numba.njit(cache=True, nogil=True)
-def write_slots(log_base, birth, live, keys, sums, mins, size, slots, prio, eps, step, restamp,
+def write_slots(log_base, birth, live, keys, sums, mins, size, slots, prio, eps, step, restamp, births,
                 mode, alpha, tau, ref):
-    """Write priorities (and, if `restamp`, birth = step) of `slots` in order, so a repeated
-    slot keeps its last value. Returns (slots that were empty, largest key written)."""
+    """Write priorities (and, if `restamp`, birth = births[j], or step where `births` is empty)
+    of `slots` in order, so a repeated slot keeps its last value. Returns (slots that were
+    empty, largest key written)."""
     newly = 0
     kmax = -math.inf
     for j in range(slots.shape[0]):
@@ -101,7 +102,7 @@ def write_slots(log_base, birth, live, keys, sums, mins, size, slots, prio, eps,
         lb = math.log(prio[j] + eps)
         log_base[i] = lb
         if restamp:
-            birth[i] = step
+            birth[i] = births[j] if births.shape[0] else step
         if mode == 0:
             k = 0.0
         elif mode == 1:

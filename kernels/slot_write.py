@@ -212,17 +212,14 @@ def write_slots_reference(state: dict, slots, p, *, mode: str, alpha: float, eps
     st["size"].add_(newly)
     if raise_max:
         st["max_p"].copy_(torch.where(ok, torch.maximum(st["max_p"], p.max()), st["max_p"]))
-    if advance or set_step or boost_step is not None:
-        ctr = st["ctr"]
-        new = ctr.clone()
-        if advance:
-            new[0] = (ctr[0] + n) % cap
-            new[1] = ctr[1] + n
-        if set_step:
-            new[2] = step
-        if boost_step is not None:
-            new[3] = step if boost_step == "set" else -1
-        ctr.copy_(torch.where(ok, new, ctr))
+    ctr = st.get("ctr")  # in-place ops with Python scalars: a setitem would copy each from the host
+    if advance:
+        ctr[0:2].add_(ok.long() * n)
+        ctr[0:1].remainder_(cap)
+    if set_step:
+        ctr[2:3].masked_fill_(ok, step)
+    if boost_step is not None:
+        ctr[3:4].masked_fill_(ok, step if boost_step == "set" else -1)
     st["err"].copy_(err)
 
 

@@ -22,6 +22,8 @@ def snapshot(buf):
 def assert_unchanged(buf, snap):
     meta, tensors, keys = snap
     meta2, tensors2, keys2 = snapshot(buf)
+    for m in (meta, meta2):  # the pending error word: what a rejected sync-free call does set
+        m["counters"].pop("err", None)
     assert meta == meta2
     assert tensors.keys() == tensors2.keys()
     for k in tensors:

@@ -137,7 +137,7 @@ def test_write_kernel_matches_reference(case):
               active=(torch.rand(40, generator=g) > 0.3) if case == "active" else None,
               at=torch.tensor([2.5], dtype=torch.float64) if case == "at" else None, boosted=case == "active",
               birth=torch.randint(0, 10 + (case == "bad-birth"), (40,), generator=g) if born else None,
-              advance=case in ("plain", "birth", "bad-birth"), set_step=born, boost_step="set" if born else None)
+              advance=case in ("plain", "bad", "birth", "bad-birth"), set_step=born, boost_step="set" if born else None)
     a = {k: v.clone() for k, v in base.items()}
     b = {k: v.clone().to(DEVICE) for k, v in base.items()}
     write_slots_reference(a, slots, p, **kw)
