@@ -138,8 +138,8 @@ class ReplayBuffer(Counters):
             maximum until replayed: standard PER) or "max-one-step" (the maximum until the
             step advances: the authors' FreshPER arm).
         sync_free: no host synchronisation in add / sample / update_priorities (see the module
-            docstring; errors in device-side input raise at `check()`); None: on for CUDA.
-            Needs sampler "scan" or "triton" and, for add, eviction "fifo".
+            docstring; errors in device-side input raise at `check()`); None: on for CUDA
+            with eviction "fifo". Needs sampler "scan" or "triton" and eviction "fifo".
     """
 
     def __init__(self, capacity: int, *, mode: str = "freshper", alpha: float = 0.6,
@@ -176,9 +176,12 @@ class ReplayBuffer(Counters):
             raise ValueError(f"sampler='tree' needs device='cpu', got device={self.device}")
         if sync_free not in (None, True, False):
             raise ValueError(f"sync_free must be None, True or False, got {sync_free!r}")
-        sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        # stalest eviction reads the keys on the host to choose its victims
+        sync_free = self.device.type == "cuda" and eviction == "fifo" if sync_free is None else sync_free
         if sync_free and sampler == "tree":
             raise ValueError("sync_free=True needs sampler 'scan' or 'triton' (the tree is a host structure)")
+        if sync_free and eviction != "fifo":
+            raise ValueError(f"sync_free=True needs eviction 'fifo' (stalest reads the keys), got {eviction!r}")
         self.sync_free = sync_free
         self.capacity, self.mode, self.alpha, self.tau, self.eps = capacity, mode, float(alpha), float(tau), float(eps)
         self.beta, self.eviction, self.seed, self.sampler = beta, eviction, seed, sampler
@@ -440,8 +443,6 @@ class ReplayBuffer(Counters):
         step = self._check_step(step)
         birth = self._check_birth(birth, step, n)
         self._check_fields(fields, n)
-        if self.sync_free and self.eviction != "fifo":
-            raise ValueError("a sync_free buffer adds with eviction='fifo' only (stalest eviction reads the keys)")
         if not self._fields:
             self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
         at_max = priority is None or self.insert != "own"

@@ -149,6 +149,8 @@ def load_buffer_state(buf, sd: dict) -> None:
     if tensors["rng"].shape != buf._gen.get_state().shape:
         raise ValueError(f"state's RNG state has {tensors['rng'].numel()} bytes; a {buf.device.type} generator "
                          f"has {buf._gen.get_state().numel()}: load onto the device type it was saved from")
+    if buf.sync_free and cfg["eviction"] != "fifo":
+        raise ValueError(f"state has eviction {cfg['eviction']!r}; a sync_free buffer needs 'fifo'")
     d = buf.device
     for key in ("mode", "alpha", "tau", "eps", "eviction"):
         setattr(buf, key, cfg[key])

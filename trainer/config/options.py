@@ -373,6 +373,11 @@ class AlgoConfig:
         rule=lambda v: _finite(v) and v > 0, allowed="a finite number > 0", bad='0')
     eviction: str = opt("fifo", "fifo | stalest",
         choices=lazy("freshper.buffer", "EVICTIONS"), bad='lifo')
+    buffer_sync_free: str = opt("auto", "the replay buffer's add, draw and priority update make no host sync; bad "
+                                        "input they take on the device raises at the check after each replay update: "
+                                        "auto (on for CUDA with fifo eviction) | on (fifo only; on the CPU it samples "
+                                        "with the torch scan, not the tree) | off (validate on the host)",
+        choices=("auto", "on", "off"), bad='sometimes')
     priority: str = opt("reward", "reward (|episode reward|, format penalty excluded, the paper's) | advantage",
         choices=lazy("freshper.priorities", "BASE_PRIORITIES"), bad='loss')
     behaviour_logp: str = opt("before", "the stored behaviour log-probs: before (the trainer's, before this batch's "

@@ -185,9 +185,11 @@ class Trainer:
         if resume:
             sampler_rng = self._restore()
         if self.buffer is None and self.K > 0:
+            sync_free = {"auto": None, "on": True, "off": False}[a.buffer_sync_free]
             self.buffer = ReplayBuffer(a.capacity // dist.world, mode=a.mode, alpha=a.alpha, beta=self.beta, tau=a.tau,
                                        eps=a.eps, eviction=a.eviction, device=self.device,
-                                       seed=cfg.train.seed + dist.rank, insert=self.insert)
+                                       seed=cfg.train.seed + dist.rank, insert=self.insert, sync_free=sync_free,
+                                       sampler="scan" if sync_free and self.device.type == "cpu" else "auto")
         if self.buffer is not None and dist.on:
             self.sampler = DistributedSampler(self.buffer, seed=cfg.train.seed)
             if sampler_rng is not None:
