@@ -13,12 +13,13 @@ step count:
   (interpreted on CPU under TRITON_INTERPRET=1); the tests compare all three.
 - `sync_free` (on for CUDA buffers): add, sample and update_priorities never make the host wait
   for the device. The slot writes run as one kernel (freshper.kernels.slot_write) with "last
-  index wins" and no `unique`; the next slot, the number of live slots and the running maximum
-  priority live in device tensors; bad device-side input sets an error word instead of raising
-  and the call writes nothing. `check()` reads that word at a sync the caller makes anyway and
-  raises, naming the argument. Input given on the host (lists, CPU tensors for a CUDA buffer) is
-  still checked on the host, before it is copied, and raises at once, except whether an index
-  points at a live slot: the live flags are on the device, so that one surfaces at `check()`.
+  index wins" and no `unique`; the counters (next slot, live slots, trajectories added, step,
+  running maximum priority) live in device tensors (freshper/sync_free.py); bad device-side input
+  sets an error word instead of raising and the call changes nothing, counters included.
+  `check()` reads that word at a sync the caller makes anyway and raises, naming the argument.
+  Input given on the host (lists, CPU tensors for a CUDA buffer) is still checked on the host,
+  before it is copied, and raises at once, except whether an index points at a live slot: the
+  live flags are on the device, so that one surfaces at `check()`.
 
 Every public method validates all of its input before it changes any state.
 """
