@@ -1,11 +1,16 @@
 """Microbenchmarks of the kernels against their baselines, measured in the same run.
 
-    python -m freshper.profiling.bench_kernels [--quick]
+    python -m freshper.profiling.bench_kernels [--quick] [--part all|loss|baselines]
 
 On CUDA: triton.testing.do_bench medians for the fused sampler at N = 1e4..1e7 (B = 256)
 against the torch composite (exp, cumsum, searchsorted, gather), and for the policy losses
-(forward + backward) against torch eager, torch.compile and Liger's fused-linear GRPO loss when
-installed; achieved GB/s against the measured device-to-device copy bandwidth; peak memory.
+(forward + backward) against torch eager and torch.compile; the fused LM-head loss (bf16 and
+float32 logits) against eager, each row printed as soon as it is measured, then a profile of
+one call split into GEMM and row-kernel time; then, in a table of their own, Liger's fused-linear
+GRPO loss and Cut Cross-Entropy where installed (their cold compiles cannot delay our rows);
+achieved GB/s against the measured device-to-device copy bandwidth; peak memory. `--part loss`
+runs only our loss rows and the profile, `--part baselines` only Liger's and CCE's rows, with
+ours float32-logits loss timed again beside them in the same process.
 On CPU: the torch references, and the peak extra memory of the fused-linear loss against eager
 logits at V = 151,936 with a scaled-down token count, so the memory claim is checked every run.
 Baselines are the same functions the tests compare against.
@@ -100,7 +105,7 @@ def bench_cpu(quick: bool):
     _, old, adv, mask, w, _ = _loss_inputs(B, T, "cpu")
     eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
     fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w), hidden, weight)
-    chunk = default_chunk(int(mask.sum()), VOCAB, weight.dtype, "cpu")
+    chunk = default_chunk(int(mask.sum()), VOCAB, "cpu")
     logits_mb = B * T * VOCAB * 4 / 2**20
     grads_mb = (VOCAB * H + B * T * H) * 4 / 2**20  # the gradients that must exist: weight + hidden
     m_eager, m_fused = _peak_extra_cpu_mb(eager), _peak_extra_cpu_mb(fused)
@@ -123,14 +128,32 @@ def _copy_bandwidth_gbs() -> float:
     return 2 * x.numel() / ms / 1e6
 
 
-def bench_cuda(quick: bool):
+def bench_cuda(quick: bool, part: str = "all"):
+    import triton
+
+    name = torch.cuda.get_device_name()
+    print(f"# CUDA: {name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    results = {}
+    if part == "all":
+        results.update(_sampler_and_policy_rows(quick))
+    shapes = _loss_shapes(quick)
+    if part in ("all", "loss"):
+        results.update(_fused_rows(shapes))
+        from freshper.profiling.loss_profile import profile_fused, split, table
+
+        B, T, H, V = shapes[0]
+        prof, _ = profile_fused(B * T, H, V, "cuda")
+        print(f"\none fused call, float32 logits, {B * T} tokens, H={H}, V={V}: device time by part", flush=True)
+        print(table(split(prof, True), "part"), flush=True)
+    if part in ("all", "baselines"):
+        results.update(_baseline_rows(shapes))
+    return results
+
+
+def _sampler_and_policy_rows(quick: bool) -> dict:
     import triton.testing
 
     dev = "cuda"
-    name = torch.cuda.get_device_name()
-    import triton
-
-    print(f"# CUDA: {name}, torch {torch.__version__}, triton {triton.__version__}")
     copy_bw = _copy_bandwidth_gbs()
     print(f"device-to-device copy: {copy_bw:.0f} GB/s")
     results = {"copy_gbs": copy_bw}
@@ -148,7 +171,7 @@ def bench_cuda(quick: bool):
         t_buf = _buffer_sample_us(n, dev)
         moved = sampler_bytes(n, 256)
         print(f"| {n:.0e} | 256 | {t_fused:.1f} | {t_graph} | {t_ref:.1f} | {t_ref / t_fused:.1f}x | {t_buf:.1f} | "
-              f"{moved / (t_fused * 1e-6) / 1e9:.0f} |")
+              f"{moved / (t_fused * 1e-6) / 1e9:.0f} |", flush=True)
         results[f"sampler_us_{n:.0e}"] = t_fused
         results[f"sampler_speedup_{n:.0e}"] = t_ref / t_fused
 
@@ -167,53 +190,91 @@ def bench_cuda(quick: bool):
         except Exception as e:  # report, do not hide
             comp = f"failed: {type(e).__name__}"
         bytes_moved = B * T * (4 * 5 + 1 + 4)  # logp, old, adv, ref, dl write, mask, grad write
-        print(f"| {B}x{T} | {t_tr:.3f} | {t_eager:.3f} | {comp} | {bytes_moved / (t_tr * 1e-3) / 1e9:.0f} |")
+        print(f"| {B}x{T} | {t_tr:.3f} | {t_eager:.3f} | {comp} | {bytes_moved / (t_tr * 1e-3) / 1e9:.0f} |",
+              flush=True)
         results[f"loss_speedup_{B}x{T}"] = t_eager / t_tr
+    return results
 
-    # "fused" rounds the logits to bf16, as eager does; the trainer's default (model.logits_dtype float32)
-    # keeps them in float32, timed beside it
-    print("\n| fused-linear B x T, H, V, bf16 | fused (ms) | eager (ms) | fused/eager time | "
-          "fused, float32 logits (ms) | Liger GRPO (ms) | CCE loss only (ms) | fused peak (GiB) | eager peak (GiB) | "
-          "fused/eager memory |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    # Qwen2.5-0.5B's head and SmolLM2's, at the trainer's own chunking (default_chunk), called as the
-    # trainer calls it: the active-token count known, no host-side target check.
+
+def _loss_shapes(quick: bool) -> list[tuple[int, int, int, int]]:
+    """Qwen2.5-0.5B's head and SmolLM2's (B, T, H, V); more and larger without --quick."""
     shapes = [(4, 1024, 896, VOCAB), (4, 1024, 576, 49152)]
     if not quick:
         shapes += [(4, 2048, 896, VOCAB), (2, 4096, 3584, VOCAB)]
+    return shapes
+
+
+def _loss_case(B, T, H, V, dev="cuda"):
+    """bf16 hidden and head (leaves), targets, and the loss's other inputs, seeded."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(B, T, H, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(V, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, V, (B, T), generator=g).to(dev)
+    _, old, adv, mask, w, _ = _loss_inputs(B, T, dev)
+    return hidden, weight, targets, old, adv, mask, w
+
+
+def _ours(hidden, weight, targets, old, adv, mask, w, logits_dtype=None):
+    """Our loss called as the trainer calls it: the active-token count known, no host-side check,
+    the default chunking (default_chunk)."""
+    n_act = int(mask.sum())
+    return _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, n_active=n_act,
+                                                     check=False, logits_dtype=logits_dtype), hidden, weight)
+
+
+def _peak_gib(run) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _fused_rows(shapes) -> dict:
+    """Ours (bf16 logits, as eager rounds them; float32 logits, the trainer's default) against
+    eager, one row per shape, each printed as soon as it is measured."""
+    import triton.testing
+
+    print("\n| fused-linear B x T, H, V, bf16 | fused (ms) | fused, float32 logits (ms) | eager (ms) | "
+          "fused/eager time | float32 logits/eager time | fused peak (GiB) | float32 logits peak (GiB) | "
+          "eager peak (GiB) | float32 logits/eager memory |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    results = {}
     for B, T, H, V in shapes:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        hidden = torch.randn(B, T, H, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
-        weight = (torch.randn(V, H, generator=g) / H ** 0.5).to(dev, torch.bfloat16).requires_grad_(True)
-        targets = torch.randint(0, V, (B, T), generator=g).to(dev)
-        _, old, adv, mask, w, _ = _loss_inputs(B, T, dev)
-        n_act = int(mask.sum())
-        fused = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w, n_active=n_act,
-                                                          check=False), hidden, weight)
-        fused32 = _fwd_bwd(lambda: fused_linear_policy_loss(hidden, weight, targets, old, adv, mask, w,
-                                                            n_active=n_act, check=False, logits_dtype=torch.float32),
-                           hidden, weight)
-        eager = _fwd_bwd(lambda: _eager_linear(hidden, weight, targets, old, adv, mask, w), hidden, weight)
-        peaks = {}
-        for label, run in (("fused", fused), ("eager", eager)):
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            run()
-            torch.cuda.synchronize()
-            peaks[label] = (torch.cuda.max_memory_allocated() - base) / 2**30
-        t_fused = triton.testing.do_bench(fused)
-        t_eager = triton.testing.do_bench(eager)
-        t_fused32 = triton.testing.do_bench(fused32)
+        case = _loss_case(B, T, H, V)
+        fused, fused32 = _ours(*case), _ours(*case, logits_dtype=torch.float32)
+        eager = _fwd_bwd(lambda: _eager_linear(*case), case[0], case[1])
+        peaks = {label: _peak_gib(run) for label, run in (("fused", fused), ("fused32", fused32), ("eager", eager))}
+        t_fused, t_fused32, t_eager = (triton.testing.do_bench(run) for run in (fused, fused32, eager))
+        print(f"| {B}x{T}, H={H}, V={V} | {t_fused:.2f} | {t_fused32:.2f} | {t_eager:.2f} | {t_fused / t_eager:.2f} | "
+              f"{t_fused32 / t_eager:.2f} | {peaks['fused']:.2f} | {peaks['fused32']:.2f} | {peaks['eager']:.2f} | "
+              f"{peaks['fused32'] / peaks['eager']:.0%} |", flush=True)
+        key = f"{B}x{T}x{H}x{V}"
+        results[f"fused_time_ratio_{key}"] = t_fused / t_eager
+        results[f"fused32_time_ratio_{key}"] = t_fused32 / t_eager
+        results[f"fused_memory_ratio_{key}"] = peaks["fused"] / peaks["eager"]
+        results[f"fused32_memory_ratio_{key}"] = peaks["fused32"] / peaks["eager"]
+    return results
+
+
+def _baseline_rows(shapes) -> dict:
+    """Liger's fused-linear GRPO loss and Cut Cross-Entropy beside ours (float32 logits, timed
+    again in this process), one row per shape, printed as measured."""
+    import triton.testing
+
+    print("\n| baselines B x T, H, V, bf16 | ours, float32 logits (ms) | Liger GRPO (ms) | "
+          "CCE loss only (ms; a floor: it skips gradient tiles it filters as negligible) |")
+    print("|---|---|---|---|", flush=True)
+    results = {}
+    for B, T, H, V in shapes:
+        hidden, weight, targets, old, adv, mask, w = case = _loss_case(B, T, H, V)
+        t_ours = triton.testing.do_bench(_ours(*case, logits_dtype=torch.float32))
         liger = _liger_time(hidden, weight, targets, old, adv, mask)
         cce = _cce_time(hidden, weight, targets)
-        print(f"| {B}x{T}, H={H}, V={V} | {t_fused:.2f} | {t_eager:.2f} | {t_fused / t_eager:.2f} | {t_fused32:.2f} | "
-              f"{liger} | {cce} | "
-              f"{peaks['fused']:.2f} | {peaks['eager']:.2f} | {peaks['fused'] / peaks['eager']:.0%} |")
-        results[f"fused_time_ratio_{B}x{T}x{H}x{V}"] = t_fused / t_eager
-        results[f"fused32_time_ratio_{B}x{T}x{H}x{V}"] = t_fused32 / t_eager
-        results[f"fused_memory_ratio_{B}x{T}x{H}x{V}"] = peaks["fused"] / peaks["eager"]
+        print(f"| {B}x{T}, H={H}, V={V} | {t_ours:.2f} | {liger} | {cce} |", flush=True)
+        results[f"ours32_ms_{B}x{T}x{H}x{V}"] = t_ours
     return results
 
 
@@ -265,7 +326,9 @@ def _liger_time(hidden, weight, targets, old, adv, mask) -> str:
 
 def _cce_time(hidden, weight, targets) -> str:
     """Cut Cross-Entropy's linear cross-entropy (loss and both gradients; a plain CE loss, not a
-    policy loss: a floor for what a fused LM-head loss costs), if the package is installed."""
+    policy loss), if the package is installed. A floor, not a like-for-like time: CCE filters
+    gradients, skipping backward tiles whose softmax entries are negligible (about half of them
+    on random logits), which a policy loss's exact gradient cannot."""
     try:
         import triton.testing
         from cut_cross_entropy import linear_cross_entropy
@@ -283,9 +346,11 @@ def _cce_time(hidden, weight, targets) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, smaller shapes")
+    ap.add_argument("--part", choices=("all", "loss", "baselines"), default="all",
+                    help="on CUDA: everything, our fused loss rows and profile only, or Liger's and CCE's rows only")
     args = ap.parse_args(argv)
     if torch.cuda.is_available():
-        return bench_cuda(args.quick)
+        return bench_cuda(args.quick, args.part)
     return bench_cpu(args.quick)
 
 

@@ -1,5 +1,6 @@
 """The benchmarks run and print their tables; the Nsight recipe's argument handling."""
 import os
+import re
 import shutil
 
 import pytest
@@ -139,3 +140,59 @@ def test_bench_turns_times_vllm_with_and_without_prefix_caching(monkeypatch, tmp
     assert bench_turns.main(["--preset", "tiny", "--groups", "1", "--rounds", "1", "--engine", "vllm"]) == 0
     out = capsys.readouterr().out
     assert "| vLLM, prefix caching on |" in out and "| vLLM, prefix caching off |" in out and "engine vllm" in out
+
+
+def test_loss_profile_splits_gemms_from_the_rest(capsys):
+    """One fused call on the CPU (the dry run's): one chunk is three head GEMMs, and the parts
+    add up to the total printed."""
+    from freshper.profiling import loss_profile
+
+    parts = loss_profile.main(["--tokens", "48", "--hidden", "16", "--vocab", "700"])
+    assert parts["GEMMs"][1] == 3 and parts["GEMMs"][0] > 0 and parts["row kernel"] == [0.0, 0]
+    out = capsys.readouterr().out
+    total = float(re.search(r"^\| total \| ([\d.]+) \|", out, re.M).group(1))
+    assert abs(total - sum(ms for ms, _ in parts.values())) < 2e-3
+    with pytest.raises(SystemExit):
+        loss_profile.main(["--tokens", "0"])
+
+
+def test_loss_profile_classifies_cuda_kernels():
+    """Kernel names as a CUDA profile shows them: cuBLAS's GEMMs (nvjet on Hopper, sm90_xmma,
+    cutlass), the Triton row kernel, the rest."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from freshper.profiling import loss_profile
+
+    def ev(name, us):
+        return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    prof = SimpleNamespace(events=lambda: [ev("nvjet_tst_192x192_64x3_2x1_v_bz_coopA_TNT", 3000.0),
+                                           ev("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 2000.0),
+                                           ev("_rows", 1500.0), ev("indexSelectLargeIndex", 100.0)])
+    parts = loss_profile.split(prof, cuda=True)
+    assert parts == {"GEMMs": [5.0, 2], "row kernel": [1.5, 1], "other": [0.1, 1]}
+
+
+def test_bench_kernels_prints_our_loss_rows_before_the_baselines(monkeypatch):
+    """On CUDA our loss rows and their profile are measured and printed before Liger's and CCE's
+    (whose cold compiles could otherwise time the step out with ours unprinted); --part picks."""
+    import torch
+
+    from freshper.profiling import loss_profile
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stub GPU")
+    monkeypatch.setattr(bench_kernels, "_sampler_and_policy_rows", lambda quick: calls.append("sampler") or {})
+    monkeypatch.setattr(bench_kernels, "_fused_rows", lambda shapes: calls.append("ours") or {})
+    monkeypatch.setattr(bench_kernels, "_baseline_rows", lambda shapes: calls.append("baselines") or {})
+    monkeypatch.setattr(loss_profile, "profile_fused", lambda *a, **k: calls.append("profile") or (None, True))
+    monkeypatch.setattr(loss_profile, "split", lambda prof, cuda: {})
+    monkeypatch.setattr(loss_profile, "table", lambda parts, what: "")
+    for part, want in (("all", ["sampler", "ours", "profile", "baselines"]), ("loss", ["ours", "profile"]),
+                       ("baselines", ["baselines"])):
+        calls.clear()
+        bench_kernels.bench_cuda(True, part)
+        assert calls == want, (part, calls)
