@@ -199,7 +199,9 @@ class ReplayBuffer(Counters):
         self._boosted = torch.zeros(capacity, dtype=torch.bool, device=d)
         self._boost_step: int | None = None
         self._boost_slots = torch.zeros(0, dtype=torch.int64, device=d)  # the boosted step's inserts
-        self._fields: dict[str, torch.Tensor] = {}
+        self._fields: dict[str, torch.Tensor] = {}  # (capacity, ...) views of _field_rows
+        self._field_rows: dict[str, torch.Tensor] = {}
+        self._aranges: dict[int, torch.Tensor] = {}  # sync-free slot choice: arange(n), made once per n
         self._step: int | None = None  # latest step seen
         # counters: device tensors of a sync-free buffer (read on the host only when asked: len(),
         # checkpoints), else host ints (freshper/sync_free.py)
@@ -252,11 +254,18 @@ class ReplayBuffer(Counters):
             raise ValueError("priority + eps must be > 0; got priority 0 with eps=0")
         return p.to(self.device), float(x.max())
 
-    def _declare(self, spec: dict) -> None:
+    def _declare(self, spec: dict, values: dict | None = None) -> None:
+        """Allocate the fields of `spec` {name: (shape, dtype)}, filled from `values` where given.
+        Each has one spare row past capacity: a sync-free add the device rejects writes its rows
+        there (one gated index_copy a field, no read of the old rows)."""
         for name, (shape, dtype) in spec.items():
             if not name.isidentifier() or name in ("indices", "weights", "probs", "birth", "age", "beta", "fields"):
                 raise ValueError(f"field name {name!r} is not an identifier or is reserved")
-            self._fields[name] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
+        for name, (shape, dtype) in spec.items():
+            rows = torch.zeros((self.capacity + 1, *shape), dtype=dtype, device=self.device)
+            if values is not None:
+                rows[:self.capacity] = values[name]
+            self._field_rows[name], self._fields[name] = rows, rows[:self.capacity]
 
     def _check_fields(self, fields: dict, n: int) -> None:
         known = self._fields
@@ -381,7 +390,9 @@ class ReplayBuffer(Counters):
     def _choose_slots(self, n: int) -> torch.Tensor:
         if self.eviction == "fifo":
             if self.sync_free:
-                return (self._next_t + torch.arange(n, device=self.device)) % self.capacity
+                if n not in self._aranges:
+                    self._aranges[n] = torch.arange(n, device=self.device)
+                return (self._next_t + self._aranges[n]) % self.capacity
             if self.device.type == "cpu":
                 return torch.from_numpy((self._next + np.arange(n)) % self.capacity)
             return (self._next + torch.arange(n, device=self.device)) % self.capacity

@@ -166,7 +166,9 @@ def load_buffer_state(buf, sd: dict) -> None:
     else:
         buf._own, buf._boosted = buf._log_base.exp() - buf.eps, torch.zeros_like(buf._live)
     buf._boost_slots = buf._boosted.nonzero().squeeze(1)  # derived: the slots still boosted
-    buf._fields = {k.removeprefix("field."): v.to(d).clone() for k, v in tensors.items() if k.startswith("field.")}
+    buf._fields, buf._field_rows = {}, {}
+    buf._declare({k: (tuple(s), getattr(torch, dt)) for k, (s, dt) in meta["fields"].items()},
+                 {k.removeprefix("field."): v for k, v in tensors.items() if k.startswith("field.")})
     # max_priority and err are absent in states saved before they were kept
     buf._load_counters(counters["size"], counters["next"], counters["added"], counters["step"],
                        counters.get("boost_step"), counters.get("max_priority", 1.0), counters.get("err", 0))

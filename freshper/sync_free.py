@@ -37,6 +37,7 @@ class Counters:
         self._err = torch.zeros(1, dtype=torch.int32, device=d)
         self._pending = False  # a host-validating buffer's error word, loaded from a state
         self._scratch = torch.full((capacity,), -1, dtype=torch.int64, device=d) if self.sync_free else None
+        self._spare_row = torch.full((1,), capacity, dtype=torch.int64, device=d)  # see ReplayBuffer._declare
         self._maybe_live = False  # host view: whether any slot may be live (sync-free sampling)
         self._size = 0
         self._next = 0  # FIFO write position
@@ -162,18 +163,18 @@ class Counters:
         """`add` with no host sync: one write kernel (which also moves the counters), then the
         fields, written only where the kernel accepted the call."""
         boost = self.insert == "max-one-step"
+        # at the maximum: the kernel reads max_p and, raising nothing, writes it not
         self._device_write(slots, own, step=step, birth=birth, boosted=boost, raise_max=not at_max,
-                           at=self._max_p_t.clone() if at_max else None, advance=True, set_step=True,
+                           at=self._max_p_t if at_max else None, advance=True, set_step=True,
                            boost_step="set" if boost else None)
         if boost:
             same = self._boost_step == step
             self._boost_slots = torch.cat([self._boost_slots, slots]) if same else slots
             self._boost_step = step
-        ok = self._err == 0  # a rejected add writes no field either
-        for name, t in fields.items():
-            dst = self._fields[name]
-            t = t.to(self.device)
-            dst.index_copy_(0, slots, torch.where(ok.view(-1, *[1] * (t.dim() - 1)), t, dst[slots]))
+        if fields:  # a rejected add writes no field either: its rows go to the spare row past capacity
+            rows = torch.where(self._err == 0, slots, self._spare_row)
+            for name, t in fields.items():
+                self._field_rows[name].index_copy_(0, rows, t.to(self.device))
         self._step = step
         self._maybe_live = True  # the host's view; the device may have refused (see the module docstring)
         return slots

@@ -5,6 +5,7 @@ device-side input caught at `check()` with nothing written. On a GPU (tests/devi
 "triton" cases run on CUDA with the compiled kernels and inputs made on the device."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from freshper import ReplayBuffer
 from freshper.kernels.slot_write import write_slots_reference, write_slots_triton
@@ -173,3 +174,34 @@ def test_writes_after_set_tau_use_the_new_tau(sampler):
     buf.check()
     want = log_keys(buf._log_base, buf._birth, mode=buf.mode, alpha=buf.alpha, tau=buf.tau)
     torch.testing.assert_close(buf._keys[buf._live], want[buf._live], rtol=1e-12, atol=1e-12)
+
+
+class _Ops(TorchDispatchMode):
+    """Counts aten calls that do work (a launch each on a GPU); views and allocations are free."""
+    FREE = ("aten.empty", "aten.view", "aten.detach", "aten.expand", "aten.slice", "aten.alias", "aten._unsafe_view",
+            "aten.select", "aten.lift_fresh", "aten.empty_strided")
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not str(func).startswith(self.FREE)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("insert", ["own", "max"])
+def test_each_field_of_a_sync_free_add_is_one_launch(insert):
+    """A rejected add's rows go to a spare row past capacity, so a field costs one gated
+    index_copy (it cost three: gather the old rows, where, index_copy), and the slot choice no
+    arange a call (wrong variant seen to fail: the gather-where-copy)."""
+    def ops(n_fields):
+        buf = ReplayBuffer(32, sampler="scan", sync_free=True, insert=insert)
+        fields = {f"f{i}": torch.zeros(4, 3) for i in range(n_fields)}
+        p = torch.rand(4, dtype=torch.float64) + 0.1
+        buf.add(p, step=0, **fields)
+        with _Ops() as c:
+            buf.add(p, step=0, **fields)
+        return c.n
+
+    assert ops(5) - ops(1) == 4
