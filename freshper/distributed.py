@@ -15,7 +15,9 @@ on more or fewer GPUs) and keeps the distribution.
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import torch
 import torch.distributed as dist
@@ -162,6 +164,7 @@ def reshard(states: list[dict], world: int, capacity: int | None = None) -> list
         meta["counters"] = {"size": len(mine), "next": len(mine) % cap, "added": len(mine),
                             "step": max(steps) if steps else None, "tree_ref": None,
                             "max_priority": max(c.get("max_priority", 1.0) for c in c0),
-                            "boost_step": max(boost) if boost else None}
+                            "boost_step": max(boost) if boost else None,
+                            "err": functools.reduce(operator.or_, (c.get("err", 0) for c in c0), 0)}  # pending errors
         out.append({"meta": meta, "tensors": tensors})
     return out

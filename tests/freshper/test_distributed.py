@@ -164,3 +164,19 @@ def test_reshard_into_less_room_keeps_the_newest_with_their_relative_probabiliti
         assert abs(got[g] - want[g] / z) < 1e-12
     with pytest.raises(ValueError, match="capacity must be a positive int"):
         reshard([b.state_dict() for b in bufs], 1, capacity=0)
+
+
+def test_reshard_keeps_a_pending_error_word():
+    """A shard saved with an error its check() had not read yet: every resharded state carries
+    it (the words or-ed), so the new buffers' check() raises as the old one would have."""
+    from freshper.distributed import reshard
+
+    bufs = [ReplayBuffer(8, sampler="scan", sync_free=True, tau=5.0, seed=r) for r in range(2)]
+    for b in bufs:
+        b.add(torch.ones(3, dtype=torch.float64), step=0, gid=torch.arange(3))
+    bufs[1].update_priorities(torch.tensor([0]), torch.tensor([float("nan")], dtype=torch.float64))
+    for sd in reshard([b.state_dict() for b in bufs], 1):
+        assert sd["meta"]["counters"]["err"] == 1
+        merged = ReplayBuffer.from_state(sd)
+        with pytest.raises(ValueError, match="priority must be finite"):
+            merged.check()
