@@ -90,11 +90,11 @@ def warm_start(model, tokenizer, make_env, steps: int, lr: float, seed: int, max
         rows = []
         for _ in range(batch):
             ep = Episode(tokenizer, env.opening(env.reset(rng.randrange(2**31)), max_words), env.images(), proc)
-            while not env.done:
+            while True:  # until the StepResult says done (the one source) or the context is full
                 reply = tokenizer(choose(rng), add_special_tokens=False)
                 r = checked_step(env, ep.add_reply(reply["input_ids"] + [tokenizer.eos_token_id], []))
-                if not r.done and not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
-                                                  images=env.images() if proc else ()):
+                if r.done or not ep.add_user(env.feedback(r, max_words), limit=max_len - max_words,
+                                             images=env.images() if proc else ()):
                     break
             rows.append(ep)
         vision = None

@@ -12,6 +12,7 @@ from freshper.trainer.model.load import load_policy
 from freshper.trainer.model.policy import Policy, row_lengths
 from freshper.trainer.train.rollout import rollout
 
+RESULT_ONLY = "tests.trainer.train.result_only_env:ResultOnly"  # its StepResult says done; it never sets .done
 FULL = Sampling(1.0, 1.0, 0)  # the untruncated distribution: engine and trainer log-probs agree
 
 
@@ -98,6 +99,18 @@ def test_a_full_context_ends_the_episode_and_never_cuts_tokens():
     assert (row_lengths(ep.mask) <= small).all()
     with pytest.raises(ValueError, match="rollout.max_len"):
         rollout(engine, tok, "frozenlake", env_kwargs(cfg), [1], 1, 8, 20, FULL)
+
+
+def test_the_rollout_reads_reward_penalty_and_done_from_the_step_result():
+    """Issue 77's surviving mutants: a rollout that ignored the StepResult's penalty, or its done."""
+    cfg, model, tok = setup()
+    ep = rollout(HFEngine(model, tok), tok, RESULT_ONLY, env_kwargs(cfg), [5, 6], 2, cfg.rollout.max_new_tokens,
+                 cfg.rollout.max_len, FULL)
+    assert ep.turns.tolist() == [2] * 4 and ep.env_steps == 8, "the StepResult's done ends the episode"
+    assert not ep.context_ended.any() and ep.success.all()
+    torch.testing.assert_close(ep.reward, torch.full((4,), 0.5))
+    torch.testing.assert_close(ep.penalty, torch.full((4,), -0.6))
+    torch.testing.assert_close(ep.score, torch.full((4,), -0.1))
 
 
 def check_stop_strings(engine, tok, prompts):

@@ -189,3 +189,24 @@ def test_random_and_pretrained_weights_of_one_folder_never_share_a_warm_start(tm
     assert random0 != pretrained
     assert key(**{"model.init": "random", "train.seed": 1, "train.sft_seed": 0}) != random0
     assert key(**{"model.init": "pretrained", "train.seed": 1, "train.sft_seed": 0}) == pretrained
+
+
+def test_the_warm_start_ends_an_episode_where_its_step_result_says_done(tmp_path, monkeypatch):
+    """Its episodes end at the StepResult's done, not the env's own `.done` (which this env never
+    sets): two turns each, and the env is never stepped past its end."""
+    import freshper.trainer.train.warm_start as W
+    from freshper.trainer.envs import make_env
+    from freshper.trainer.model.load import load_policy
+
+    monkeypatch.setenv("FRESHPER_CACHE", str(tmp_path / "cache"))
+    model, tok, _ = load_policy(_tiny(tmp_path), torch.device("cpu"))
+    turns = []
+
+    def capture(model, opt, rows, pad_id, vision=None, micro_batch=0):
+        turns.extend(sum(1 for t in labels if t == tok.eos_token_id) for _, labels in rows)
+        return 0.0
+
+    monkeypatch.setattr(W, "supervised_step", capture)
+    W.warm_start(model, tok, lambda: make_env("tests.trainer.train.result_only_env:ResultOnly", size=4),
+                 steps=1, lr=1e-3, seed=0, max_words=8, max_len=1024, batch=4)
+    assert turns == [2, 2, 2, 2]
