@@ -28,8 +28,9 @@ so there is no cast pass and nothing is allocated per chunk. Chunks are sized in
 0.06 nats at |z| = 16, and that rounding doubles the log-prob gap between an engine's decode and
 the trainer's forward at one set of weights (results/benchmarks/mismatch-sources-cpu-2026-12-06/).
 grad_weight accumulates over chunks in the weight's dtype (one rounding per chunk) or, with
-`accum_dtype=torch.float32` or float32 logits, in a float32 buffer rounded once at the end
-(eager's single rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
+`accum_dtype=torch.float32`, and by default with float32 logits where GEMM 3 has cuBLAS's
+out_dtype (`default_accum`), in a float32 buffer rounded once at the end (eager's single
+rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
 
 Host synchronisation: none when the caller passes `n_active` (the trainer knows it from the one
 sync a micro-batch already has) and `check=False`. Otherwise one read of the mask's sum and, with
@@ -89,6 +90,18 @@ def has_out_dtype(op: str, device: str | torch.device, dtype: torch.dtype = torc
         except (RuntimeError, TypeError):  # NotImplementedError is a RuntimeError; TypeError: no such keyword
             _OUT_DTYPE[key] = False
     return _OUT_DTYPE[key]
+
+
+def default_accum(logits_dtype: torch.dtype, dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """grad_weight's accumulator when the caller names none: float32 for float32 logits from
+    lower-precision operands where GEMM 3 can write float32 itself (cuBLAS's out_dtype: the same
+    GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands' dtype. Where
+    that GEMM is missing (torch's CPU build) float32 sums would cost an upcast of each chunk's
+    gradient and a float32 GEMM (2.5x bf16's on an EPYC core at H 576, V 49,152), so they are
+    left to accum_dtype=torch.float32."""
+    if logits_dtype == torch.float32 and dtype != torch.float32 and has_out_dtype("addmm", device, dtype):
+        return torch.float32
+    return dtype
 
 
 def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -197,9 +210,7 @@ class _FusedLinearPolicyLoss(torch.autograd.Function):
                    tis=_per_token(kw["tis_logp"], active, (B, T)))
         grad = need_h or need_w
         grad_h = torch.empty((n, H), dtype=dt, device=dev) if need_h else None
-        # float32 logits are asked for where bf16's roundings matter: the weight gradient then sums its
-        # chunks in float32 too, rounded once at the end as eager's is
-        acc_dt = opts["accum_dtype"] or (torch.float32 if ldt == torch.float32 else dt)
+        acc_dt = opts["accum_dtype"] or default_accum(ldt, dt, dev)
         grad_w = torch.zeros((V, H), dtype=acc_dt, device=dev) if need_w else None
         logp_a = torch.empty(n, dtype=torch.float32, device=dev)
         terms = torch.empty((n, 4), dtype=torch.float32, device=dev)
@@ -307,8 +318,8 @@ def fused_linear_policy_loss(hidden, lm_weight, targets, old_logp, advantages, m
     old_logp None: the old policy is the current one (ratio 1); stats["logp"] returns them.
     n_active: the number of non-zero mask entries, if the caller knows it (no host sync).
     check: check the targets on the host (syncs); off, bad targets give NaN (see the module).
-    accum_dtype: None (float32 with float32 logits, else the weight's dtype) or torch.float32
-        for grad_weight across chunks.
+    accum_dtype: None (`default_accum`: float32 with float32 logits where the GEMM can write
+        float32, as on CUDA; else the weight's dtype) or torch.float32 for grad_weight across chunks.
     logits_dtype: None (the weight's dtype) or torch.float32: GEMM 1 keeps float32 logits (the
         module docstring); the gradient is still rounded to the weight's dtype for GEMMs 2 and 3.
     grad_scale: the loss scale S of a dynamic loss-scaling caller, which backpropagates S x loss.

@@ -514,7 +514,8 @@ def test_float32_logits_make_no_cast_pass(logits_dtype, monkeypatch):
     """The float32-logits path as CUDA runs it: no chunk-sized cast (`_to_copy`, `copy_`) and no
     chunk-sized allocation per chunk; the row pass is handed a bf16 destination (z's own memory)
     and GEMM 3 sums the weight gradient into float32 (out_dtype), rounded once at the end. Fails
-    on 47a7be5, whose `z.to(bf16)` after each chunk's row pass is the cast counted here."""
+    on 47a7be5, whose `z.to(bf16)` after each chunk's row pass is the cast counted here, and
+    when float32 logits keep a bf16 accumulator."""
     ops, outs, (V, H) = _chunk_passes(monkeypatch, logits_dtype)
     chunky = [o for o in ops if len(o[1]) == 2 and V in o[1] and min(o[1]) > 1 and o[1] != (V, H)]
     casts = [o for o in chunky if o[0] in ("_to_copy", "copy_", "to")]
@@ -535,16 +536,19 @@ def test_the_cast_counter_sees_a_cast(monkeypatch):
     assert ("_to_copy", (16, V), torch.bfloat16) in ops
 
 
-def test_float32_logits_sum_the_weight_gradient_in_float32():
-    """With float32 logits and no accum_dtype the weight gradient over 9 chunks is the float32
-    accumulator's (bit for bit), at most EAGER_FACTOR x eager bf16's error from float64. Checked
-    to fail when float32 logits keep the bf16 accumulator."""
+def test_float32_logits_sum_the_weight_gradient_in_float32_where_that_is_free(monkeypatch):
+    """The default accumulator: float32 for float32 logits where GEMM 3 writes float32 itself
+    (the meta test above: CUDA's path), the weight's dtype where it cannot (the CPU: an upcast
+    and a float32 GEMM a chunk). On the CPU an explicit accum_dtype=float32 over 9 chunks is at
+    most EAGER_FACTOR x eager bf16's error from float64."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    assert mod.default_accum(torch.float32, torch.bfloat16, "meta") == torch.float32
+    assert mod.default_accum(torch.bfloat16, torch.bfloat16, "meta") == torch.bfloat16
+    assert mod.default_accum(torch.float32, torch.bfloat16, "cpu") == torch.bfloat16
     h, w, y, mask, old, adv = bf16_case("unconfident", 1)
-    fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=4, logits_dtype=torch.float32)
-    f32, _, _ = three_ways(h, w, y, mask, old, adv, chunk_size=4, logits_dtype=torch.float32,
-                           accum_dtype=torch.float32)
-    assert torch.equal(fused[1], f32[1]) and fused[1].dtype == torch.bfloat16
-    assert rel_l2(fused[1], ref[1]) <= EAGER_FACTOR * rel_l2(eag[1], ref[1])
+    f32, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=4, logits_dtype=torch.float32,
+                               accum_dtype=torch.float32)
+    assert rel_l2(f32[1], ref[1]) <= EAGER_FACTOR * rel_l2(eag[1], ref[1])
 
 
 def test_chunks_are_sized_in_tokens():
@@ -578,14 +582,21 @@ def test_grad_scale_divides_out_at_both_ratio_levels(level):
         torch.testing.assert_close(a / S, b, rtol=1e-10, atol=1e-14)
 
 
-def test_the_packed_gradient_through_the_loss(monkeypatch):
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_packed_gradient_through_the_loss(level, monkeypatch):
     """The whole loss with float32 logits, bf16 operands, the Triton row pass (interpreted) and
-    its gradient written into the logits' own memory, as on CUDA: within eager bf16's error."""
+    its gradient written into the logits' own memory, as on CUDA, at token level and along
+    GSPO's two-pass path: within eager bf16's error."""
     from freshper.kernels.logit_rows import grad_buffer, rows_triton
 
     mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
     monkeypatch.setattr(mod, "rows", rows_triton)
     monkeypatch.setattr(mod, "grad_buffer", lambda z, dt: grad_buffer(z, dt, share=True))
     h, w, y, mask, old, adv = bf16_case("confident", 0)
-    fused, eag, ref = three_ways(h, w, y, mask, old, adv, chunk_size=16, logits_dtype=torch.float32)
+    kw = dict(ratio_level=level)
+    rest = (y, mask, old, adv)
+    fused = grads(lambda a, b: fused_linear_policy_loss(a, b, y, old, adv, mask, chunk_size=16,
+                                                        logits_dtype=torch.float32, **kw), h, w, torch.bfloat16)
+    eag = grads(lambda a, b: eager(a, b, *rest, **kw), h, w, torch.bfloat16)
+    ref = grads(lambda a, b: eager(a, b, *rest, **kw), h, w, torch.float64)
     assert within_eager(fused, ref, eag), [(rel_l2(a, r), rel_l2(e, r)) for a, r, e in zip(fused, ref, eag)]
