@@ -97,7 +97,7 @@ def default_accum(logits_dtype: torch.dtype, dtype: torch.dtype, device: str | t
     lower-precision operands where GEMM 3 can write float32 itself (cuBLAS's out_dtype: the same
     GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands' dtype. Where
     that GEMM is missing (torch's CPU build) float32 sums would cost an upcast of each chunk's
-    gradient and a float32 GEMM (2.5x bf16's on an EPYC core at H 576, V 49,152), so they are
+    gradient and a float32 GEMM (2.5x bf16's addmm on one Xeon core at H 576, V 49,152), so they are
     left to accum_dtype=torch.float32."""
     if logits_dtype == torch.float32 and dtype != torch.float32 and has_out_dtype("addmm", device, dtype):
         return torch.float32
