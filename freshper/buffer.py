@@ -458,12 +458,8 @@ class ReplayBuffer(Counters):
         if not self._fields:
             self._declare({k: (tuple(v.shape[1:]), v.dtype) for k, v in fields.items()})
         at_max = priority is None or self.insert != "own"
-        if self.sync_free:
-            slots = self._choose_slots(n)
-            # device input is validated before the boost ends: a rejected add ends nothing
-            checked = not (self._device_input(priority) or self._device_input(birth))
-            self._expire_boost(step, None if checked else {"slots": slots, "p": own, "birth": birth, "step": step})
-            return self._add_on_device(slots, own, at_max, step, birth, fields)
+        if self.sync_free:  # it ends the last step's boost itself, after its write: see there
+            return self._add_on_device(self._choose_slots(n), own, at_max, step, birth, fields)
         self._expire_boost(step)
         if not at_max:
             self._max_priority = max(self._max_priority, own_max)
@@ -488,19 +484,17 @@ class ReplayBuffer(Counters):
         self._step = step
         return slots
 
-    def _expire_boost(self, step: int, gate: dict | None = None) -> None:
+    def _expire_boost(self, step: int) -> None:
         """insert="max-one-step": once the step moves past the inserts' step, the slots still at
         the maximum get their own priority back. Only those slots are touched (no O(N) refresh);
-        their decay since birth is in the key already (freshper/priorities.py). `gate`: see
-        `_expire_on_device`."""
-        if self._boost_step is None or step <= self._boost_step:
+        their decay since birth is in the key already (freshper/priorities.py)."""
+        old = self._boost_due(step)
+        if old is None:
             return
-        self._boost_step = None
         if self.sync_free:
-            self._expire_on_device(gate)
+            self._end_boost(old, self._boosted[old])
             return
-        slots = self._boost_slots[self._boosted[self._boost_slots]]  # not since replayed or overwritten
-        self._boost_slots = self._boost_slots[:0]
+        slots = old[self._boosted[old]]  # not since replayed or overwritten
         if slots.numel():
             self._write(slots, self._own[slots], None)
             self._boosted[slots] = False
@@ -629,14 +623,16 @@ class ReplayBuffer(Counters):
         p, pmax = self._check_priority(priority, idx.numel())
         if step is not None:
             step = self._check_step(step)
-            # validated (liveness included: the device holds it) before the boost ends, so that a
-            # rejected update ends nothing
-            self._expire_boost(step, {"slots": idx, "p": p, "need_live": True} if self.sync_free else None)
         if self.sync_free:
+            old = None if step is None else self._boost_due(step)
             self._device_write(idx, p, step=step, need_live=True, set_step=step is not None)
+            if old is not None:  # after the write, so a rejected update (the word is sticky) ends nothing;
+                self._end_boost(old, self._boosted[old])  # the slots it set are no longer boosted
             if step is not None:
                 self._step = step
             return
+        if step is not None:
+            self._expire_boost(step)
         self._max_priority = max(self._max_priority, pmax)
         self._write(idx, p, step)
         if self._tree is not None:  # CPU: one compiled loop in order, as _write's

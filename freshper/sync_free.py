@@ -145,8 +145,7 @@ class Counters:
         return self.sync_free and isinstance(x, torch.Tensor) and x.device == self.device
 
     def _device_write(self, slots, p, *, step=None, need_live=False, active=None, set_own=True, boosted=False,
-                      raise_max=True, at=None, birth=None, advance=False, set_step=False, boost_step=None,
-                      check_only=False) -> None:
+                      raise_max=True, at=None, birth=None, advance=False, set_step=False, boost_step=None) -> None:
         from freshper.kernels.slot_write import write_slots, write_slots_reference, write_slots_triton
 
         state = {"log_base": self._log_base, "birth": self._birth, "live": self._live, "keys": self._keys,
@@ -157,12 +156,17 @@ class Counters:
         fn(state, slots, p, mode=self.mode, alpha=self.alpha, eps=self.eps, tau=self.tau,
            zero_ok=self.mode == "uniform" or self.eps != 0, step=step, need_live=need_live, active=active,
            set_own=set_own, boosted=boosted, raise_max=raise_max, at=at, birth=birth, advance=advance,
-           set_step=set_step, boost_step=boost_step, check_only=check_only)
+           set_step=set_step, boost_step=boost_step)
 
     def _add_on_device(self, slots, own, at_max: bool, step: int, birth, fields: dict) -> torch.Tensor:
         """`add` with no host sync: one write kernel (which also moves the counters), then the
-        fields, written only where the kernel accepted the call."""
+        fields, written only where the kernel accepted the call, then the end of the last step's
+        boost if this step ends it (after the write: a rejected add leaves the word set, and a
+        write after it writes nothing)."""
         boost = self.insert == "max-one-step"
+        old = self._boost_due(step)
+        if old is not None:  # read before the add; the slots it overwrites (fifo: [next, next + n)) keep its values
+            ending = self._boosted[old] & ((old - self._next_t) % self.capacity >= slots.numel())
         # at the maximum: the kernel reads max_p and, raising nothing, writes it not
         self._device_write(slots, own, step=step, birth=birth, boosted=boost, raise_max=not at_max,
                            at=self._max_p_t if at_max else None, advance=True, set_step=True,
@@ -175,19 +179,21 @@ class Counters:
             rows = torch.where(self._err == 0, slots, self._spare_row)
             for name, t in fields.items():
                 self._field_rows[name].index_copy_(0, rows, t.to(self.device))
+        if old is not None:
+            self._end_boost(old, ending, clear=not boost)  # a boosting add has set the boost step anew
         self._step = step
         self._maybe_live = True  # the host's view; the device may have refused (see the module docstring)
         return slots
 
-    def _expire_on_device(self, gate: dict | None) -> None:
-        """The boost of the last step's inserts ends, in one write with no boolean index. `gate`:
-        the device input of the call that ends it (slots, p, need_live, birth, step), validated
-        first, so that a call the device rejects does not end the boost either."""
-        if gate is not None:
-            self._device_write(gate["slots"], gate["p"], step=gate.get("step"), need_live=gate.get("need_live", False),
-                               birth=gate.get("birth"), check_only=True)
-        slots = self._boost_slots
-        self._boost_slots = self._boost_slots[:0]
-        if slots.numel():
-            self._device_write(slots, self._own[slots], active=self._boosted[slots], raise_max=False,
-                               boost_step="clear")
+    def _boost_due(self, step: int) -> torch.Tensor | None:
+        """The last step's inserts, if a call at `step` ends their boost (the host forgets them
+        then), else None."""
+        if self._boost_step is None or step <= self._boost_step:
+            return None
+        old, self._boost_step, self._boost_slots = self._boost_slots, None, self._boost_slots[:0]
+        return old if old.numel() else None
+
+    def _end_boost(self, old: torch.Tensor, active: torch.Tensor, clear: bool = True) -> None:
+        """The slots `old` still boosted (`active`, (n,) bool) get their own priority back, in
+        one write with no boolean index; `clear`: the device's boost step too."""
+        self._device_write(old, self._own[old], active=active, raise_max=False, boost_step="clear" if clear else None)

@@ -162,7 +162,7 @@ def _check(state: dict, slots: torch.Tensor, p: torch.Tensor, active, birth=None
 def write_slots_reference(state: dict, slots, p, *, mode: str, alpha: float, eps: float, tau: float, zero_ok: bool,
                           step: int | None = None, need_live: bool = False, active=None, set_own: bool = True,
                           boosted: bool = False, raise_max: bool = True, at=None, birth=None, advance: bool = False,
-                          set_step: bool = False, boost_step: str | None = None, check_only: bool = False) -> None:
+                          set_step: bool = False, boost_step: str | None = None) -> None:
     """Torch composite of `write_slots`; same contract, no host sync."""
     _check(state, slots, p, active, birth, step, advance or set_step or boost_step is not None)
     st = state
@@ -180,9 +180,6 @@ def write_slots_reference(state: dict, slots, p, *, mode: str, alpha: float, eps
     if birth is not None:
         bits = bits + ((birth < 0) | (birth > step)).any().int() * ERR_BIRTH
     err = st["err"] | bits
-    if check_only:
-        st["err"].copy_(err)
-        return
     ok = err == 0
     act = ok.expand(n) if active is None else active & ok
     st["scratch"].scatter_reduce_(0, s, torch.where(act, pos, -1), reduce="amax")
@@ -226,11 +223,8 @@ def write_slots_reference(state: dict, slots, p, *, mode: str, alpha: float, eps
 def write_slots_triton(state: dict, slots, p, *, mode: str, alpha: float, eps: float, tau: float, zero_ok: bool,
                        step: int | None = None, need_live: bool = False, active=None, set_own: bool = True,
                        boosted: bool = False, raise_max: bool = True, at=None, birth=None, advance: bool = False,
-                       set_step: bool = False, boost_step: str | None = None, check_only: bool = False) -> None:
+                       set_step: bool = False, boost_step: str | None = None) -> None:
     """The one-launch Triton version of `write_slots` (CUDA, or the CPU interpreter)."""
-    if check_only:  # validation alone, before an owner's other write: a few torch ops do
-        return write_slots_reference(state, slots, p, mode=mode, alpha=alpha, eps=eps, tau=tau, zero_ok=zero_ok,
-                                     step=step, need_live=need_live, active=active, birth=birth, check_only=True)
     counters = advance or set_step or boost_step is not None
     _check(state, slots, p, active, birth, step, counters)
     require_triton(slots)
@@ -266,9 +260,8 @@ def write_slots(state: dict, slots, p, **kw) -> None:
     raise_max (max_p = max(max_p, max p)), at (1,) float64 (None: each slot's key from its p;
     else every slot's key from this one priority, p still its own), birth (n,) int64 (with step:
     each slot's birth, in [0, step]; None: step), advance (an add of n: ctr's next and added move
-    on), set_step (ctr's step = step), boost_step ("set": ctr's boost step = step, "clear": -1),
-    check_only (only or the error bits into err: validation ahead of another write). The counters
-    move only when the call writes. See the module docstring for errors and duplicates."""
+    on), set_step (ctr's step = step), boost_step ("set": ctr's boost step = step, "clear": -1).
+    The counters move only when the call writes. See the module docstring for errors and duplicates."""
     if use_triton(slots):
         return write_slots_triton(state, slots, p, **kw)
     return write_slots_reference(state, slots, p, **kw)

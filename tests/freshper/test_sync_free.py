@@ -205,3 +205,19 @@ def test_each_field_of_a_sync_free_add_is_one_launch(insert):
         return c.n
 
     assert ops(5) - ops(1) == 4
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_an_add_that_wraps_onto_the_boosted_inserts_keeps_its_own(sampler):
+    """max-one-step: the boost of the last step's inserts ends after the add's write, so slots the
+    add overwrites (fifo wrapping onto them) must keep the add's values, as on the tree (wrong
+    variant seen to fail: every old boosted slot ended, the new inserts with them)."""
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    tree = ReplayBuffer(8, sampler="tree", insert="max-one-step", tau=4.0)
+    dev = ReplayBuffer(8, sampler=sampler, sync_free=True, insert="max-one-step", tau=4.0, device=where(sampler))
+    for step in range(4):
+        for buf, g in ((tree, g1), (dev, g2)):
+            buf.add((torch.rand(6, generator=g, dtype=torch.float64) + 0.1).to(buf.device), step=step)
+        dev.check()
+        assert torch.equal(dev._boosted.cpu(), tree._boosted) and torch.equal(dev._own.cpu(), tree._own)
+        torch.testing.assert_close(dev.probabilities().cpu(), tree.probabilities(), rtol=1e-12, atol=1e-300)
