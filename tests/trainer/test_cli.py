@@ -1,4 +1,5 @@
-"""The command line a user meets in the first hour: resume, errors, help, console output."""
+"""The command line a user meets in the first hour: resume, errors, help, console output, and the
+start-up refusals made before anything is written (an occupied run folder, torchrun)."""
 import json
 
 import pytest
@@ -65,17 +66,6 @@ def test_flag_errors(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("train:\n  iterations: \"3\"\n", "train.iterations must be an integer, got '3'"),
-    ("train: 3\n", "train is a section and needs a mapping of its fields"),
-])
-def test_yaml_values_keep_their_types(tmp_path, text, msg):
-    f = tmp_path / "c.yaml"
-    f.write_text(text)
-    with pytest.raises(ValueError, match=msg):
-        config.load("tiny", str(f))
-
-
 def test_help_fits_100_columns_and_never_splits_a_preset_name(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -99,3 +89,85 @@ def test_console_output_of_a_short_run(tmp_path, capsys):
             assert line.index(" INFO ") == 23, f"a log line glued to something: {line!r}"  # after the timestamp
     rows = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path), "--train.name", "r"])
+    err = capsys.readouterr().err
+    assert "--resume" in err and "already holds a run" in err
+    assert (run / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+
+
+def test_failed_start_removes_the_half_made_folder(tmp_path, capsys):
+    """A model folder that passes the option check but cannot be loaded: the start fails after
+    the run folder was made, and the folder must not be left behind."""
+    bad = tmp_path / "model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(Exception):
+        main(["train", "--preset", "tiny", "--model.path", str(bad), "--train.run_dir", str(tmp_path / "runs"),
+              "--train.name", "x"])
+    assert not (tmp_path / "runs" / "x").exists()
+    assert "removed the half-made run folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--algo.tua", "5"], "unknown config key 'algo.tua'; did you mean algo.tau?"),
+    (["--rollout.tempreature", "1"], "did you mean rollout.temperature?"),
+    (["--algo.capacity", "x"], "algo.capacity must be an integer, got 'x'"),
+    (["--config", "/nonexistent/run.yaml"], "--config /nonexistent/run.yaml: no such file"),
+])
+def test_one_line_errors(argv, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--train.run_dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_yaml_with_an_indentation_error_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  tau: 5\n mode: per\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(bad), "--train.run_dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"freshper train: error: --config {bad} is not valid YAML at line 3")
+
+
+def test_help_shows_the_defaults_of_the_preset_it_runs(capsys):
+    for argv, want in ((["--help"], ("'math'", "15")), (["--preset", "frozenlake", "--help"], ("'frozenlake'", "80"))):
+        with pytest.raises(SystemExit):
+            main(["train", *argv])
+        out = capsys.readouterr().out
+        env_help = out[out.index("--env.name"):out.index("--env.max_turns")]
+        start = out.index("--train.iterations")
+        iters_help = out[start:out.index("\n  --", start)]
+        env_help, iters_help = " ".join(env_help.split()), " ".join(iters_help.split())  # wrapped lines
+        assert f"default {want[0]}" in env_help and f"(default {want[1]})" in iters_help
+
+
+def test_profile_under_torchrun_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs"), "--iterations", "0:1"])
+    assert e.value.code == 2 and "WORLD_SIZE=2" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cmd", ["compare", "chance", "export", "eval", "plot"])
+def test_one_process_commands_under_torchrun_are_refused(monkeypatch, capsys, cmd):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([cmd, "x"]) == 2 and "runs as one process" in capsys.readouterr().err
+
+
+def test_a_configuration_several_ranks_cannot_split_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "tiny", "--train.run_dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "WORLD_SIZE=3" in err and "split evenly over 3 ranks" in err
+    assert not (tmp_path / "runs").exists()

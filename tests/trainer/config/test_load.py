@@ -1,0 +1,43 @@
+"""A config read from YAML (trainer/config/load.py): values keep their types, and a run's
+config.yaml holds its environment's options only, an older one still resuming."""
+import pytest
+import yaml
+
+from freshper.trainer import config as C
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("train:\n  iterations: \"3\"\n", "train.iterations must be an integer, got '3'"),
+    ("train: 3\n", "train is a section and needs a mapping of its fields"),
+])
+def test_yaml_values_keep_their_types(tmp_path, text, msg):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=msg):
+        C.load("tiny", str(f))
+
+
+def test_a_run_config_holds_its_environments_options_only_and_an_older_one_still_resumes(tmp_path, caplog):
+    cfg = C.load("math-cpu")
+    assert set(yaml.safe_load(C.to_yaml(cfg))["env"]) == set(C.env_options("math"))
+    old = yaml.safe_load(C.to_yaml(cfg))
+    old["env"].update(max_turns=1, size=4)  # what a run folder written before 2026-12-01 holds
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(ValueError, match="env.max_turns=1 is not an option"):
+        C.load("frozenlake", str(path))
+    with caplog.at_level("WARNING", logger="freshper"):
+        again = C.load("frozenlake", str(path), run_config=True)
+    assert again == cfg and "dropped env.max_turns=1" in caplog.text
+
+
+def test_a_yaml_files_numbers_as_people_write_them(tmp_path):
+    """A YAML file's 1e-6 (no dot: a string to YAML 1.1's resolver) is a number, as in YAML 1.2;
+    a quoted one stays a string, refused for a number field."""
+    f = tmp_path / "c.yaml"
+    f.write_text("algo:\n  lr: 1e-6\n  eps: 2E-7\n  replay_updates: 3\n")
+    cfg = C.load("tiny", str(f))
+    assert (cfg.algo.lr, cfg.algo.eps, cfg.algo.replay_updates) == (1e-6, 2e-7, 3)
+    f.write_text("algo:\n  replay_updates: '3'\n")
+    with pytest.raises(ValueError, match="algo.replay_updates must be an integer"):
+        C.load("tiny", str(f))
