@@ -121,3 +121,22 @@ def test_the_layering_check_sees_an_upward_import():
     edges["freshper.trainer.study.chance"] = edges["freshper.trainer.study.chance"] | {"freshper.trainer.cli"}
     assert layering_violations(edges) == ["freshper.trainer.model.policy -> freshper.trainer.train.loop",
                                           "freshper.trainer.study.chance -> freshper.trainer.cli"]
+
+
+def config_climbs(edges) -> list[str]:
+    """Imports from trainer/config into the folders above the environments (model, engines,
+    train, study, cli, entry): config checks a run before any of them is built."""
+    above = tuple(f"freshper.trainer.{f}" for f in (*LAYERS[1:], *TOP))
+    return sorted(f"{m} -> {t}" for m, ts in edges.items() if m.startswith("freshper.trainer.config")
+                  for t in ts if t.startswith(above))
+
+
+def test_config_reads_nothing_above_the_environments():
+    assert config_climbs(graph()) == []
+
+
+def test_the_config_check_sees_a_climb():
+    edges = graph()
+    edges["freshper.trainer.config.checks"] = edges["freshper.trainer.config.checks"] | {
+        "freshper.trainer.model.random_init"}
+    assert config_climbs(edges) == ["freshper.trainer.config.checks -> freshper.trainer.model.random_init"]

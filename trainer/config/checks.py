@@ -6,6 +6,7 @@ from dataclasses import fields
 
 import yaml
 
+from .architectures import random_init_refusal
 from .fields import TYPE_WORDS, YamlLoader, check_field, flatten
 from .options import ENV_NAMES, Config, EnvConfig, sft_steps
 
@@ -130,8 +131,6 @@ def validate(cfg: Config) -> None:
                          f"train.perception_steps={cfg.train.perception_steps}) have no loss scaling; set both "
                          "to 0 or use model.dtype bfloat16 or float32")
     if cfg.model.init == "random":
-        from ..model.random_init import random_init_refusal
-
         why = random_init_refusal(cfg.model.path)
         if why:
             raise ValueError(why)

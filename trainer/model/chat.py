@@ -9,6 +9,11 @@ replies) fails loudly instead of training on tokens the model never saw.
 """
 from __future__ import annotations
 
+# The ChatML-style template (the Qwen2.5 instruct models' format) of the tokenizers built here:
+# the tiny model's (trainer/model/load.py) and the random-init byte-level one (random_init.py).
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 
 class Episode:
     """The growing token sequence of one episode: ids, a mask of assistant tokens, and the

@@ -21,6 +21,7 @@ from ..config import Config, env_kwargs
 from ..envs import env_class, make_env
 from ..envs.base import checked_step
 from ..envs.prompts import SYSTEM
+from .chat import CHAT_TEMPLATE
 from .precision import cpu_bf16, keep_masters
 from .pretrained import cache_dir, is_packaged, save_atomic
 from .pretrained import folder as packaged_folder
@@ -28,8 +29,6 @@ from .pretrained import folder as packaged_folder
 log = logging.getLogger("freshper")
 SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>", "<answer>", "</answer>"]
 SEARCH_SPECIALS = ["<search>", "</search>", "<information>", "</information>"]  # single tokens for search
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def is_vision_env(cfg: Config) -> bool:

@@ -1,10 +1,11 @@
 """`--model.init random`: a model's architecture with random weights, built offline, for speed runs.
 
 A GPU node without the hub (or before the weights are copied over) can still time the paper's
-setting: the architecture numbers of the GPU presets' models ship here (config only, from their
-published config.json), a local folder's config.json serves any other model, and the weights
-are drawn from the model class's own initialiser under train.seed, as vLLM's `load_format=dummy`
-does for its benchmarks (the vLLM engine loads that way too, then takes the trainer's weights).
+setting: the architecture numbers of the GPU presets' models ship with the config (config only,
+from their published config.json: trainer/config/architectures.py), a local folder's config.json
+serves any other model, and the weights are drawn from the model class's own initialiser under
+train.seed, as vLLM's `load_format=dummy` does for its benchmarks (the vLLM engine loads that way
+too, then takes the trainer's weights).
 
 The tokenizer: the folder's own where a local folder has one; otherwise a byte-level BPE built
 offline that covers the whole vocabulary: the 256 byte tokens, the chat tokens of the Qwen2.5
@@ -23,35 +24,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..config.architectures import ARCHITECTURES, random_init_refusal
+from .chat import CHAT_TEMPLATE
+
 log = logging.getLogger("freshper")
 
-# Architecture numbers of the GPU presets' models (their config.json on the hub, Qwen2ForCausalLM).
-_QWEN25 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6,
-               rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False, attention_dropout=0.0,
-               initializer_range=0.02, bos_token_id=151643, eos_token_id=151645)
-ARCHITECTURES = {
-    "Qwen/Qwen2.5-0.5B-Instruct": {**_QWEN25, "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
-                                   "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                                   "tie_word_embeddings": True},
-    "Qwen/Qwen2.5-3B-Instruct": {**_QWEN25, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
-                                 "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
-                                 "tie_word_embeddings": True},
-    "Qwen/Qwen2.5-7B-Instruct": {**_QWEN25, "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-                                 "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                                 "tie_word_embeddings": False},
-}
 CHAT_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def random_init_refusal(path: str) -> str | None:
-    """Why model.init=random cannot build `path` (None: it can): a local folder with
-    config.json, or one of ARCHITECTURES."""
-    if path in ARCHITECTURES or (path and (Path(path).expanduser() / "config.json").exists()):
-        return None
-    return (f"model.init=random needs model.path to be a local folder with config.json or one of the shipped "
-            f"architectures ({', '.join(ARCHITECTURES)}), got {path!r}")
 
 
 def byte_tokenizer(vocab_size: int):
