@@ -1,5 +1,6 @@
-"""What a run prints and how it stops: the progress lines of train.log, the closing summary, and
-the SIGINT/SIGTERM handler that finishes the iteration in progress before a checkpoint."""
+"""What a run prints and how it stops: the progress lines of train.log (and whether a bar is
+drawn), the closing summary, and the SIGINT/SIGTERM handler that finishes the iteration in
+progress before a checkpoint."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("freshper")
+
+
+def on_terminal() -> bool:
+    """Whether stderr, where the log and the progress bar go, is a terminal: in a file
+    (`freshper train > log 2>&1`) a bar's redraws would interleave with every log line."""
+    import sys
+
+    return sys.stderr.isatty()
 
 
 def progress_line(row: dict) -> str:

@@ -43,7 +43,7 @@ from ..model.precision import compute_dtype
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
 from .batches import LockstepBatches
-from .console import progress_line, stop_on_signals, summary
+from .console import on_terminal, progress_line, stop_on_signals, summary
 from .drift import DriftTau
 from .intervals import mean_ci, rate_ci
 from .lags import LagSchedule
@@ -584,8 +584,9 @@ class Trainer:
         return rows
 
     def _progress_bar(self):
-        """A tqdm bar over the run's iterations on rank 0 with train.progress on, else None."""
-        if not (self.cfg.train.progress and self.dist.main):
+        """A tqdm bar over the run's iterations on rank 0 with train.progress on and stderr a
+        terminal, else None: the loop then logs one progress line an iteration instead."""
+        if not (self.cfg.train.progress and self.dist.main and on_terminal()):
             return None
         from tqdm import tqdm
 

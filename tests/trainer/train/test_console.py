@@ -38,3 +38,32 @@ def test_an_in_loop_validation_above_the_final_one_is_the_best():
 def test_one_validation_has_no_best_line():
     assert not any(line.startswith("best eval success") for line in _lines(_rows({0: 0.2}, None, 3)))
     assert not any(line.startswith("best eval success") for line in _lines(_rows({}, 0.6, 3)))
+
+
+def _run(tmp_path, name: str):
+    from freshper.trainer import config
+    from freshper.trainer.train.loop import Trainer
+
+    cfg = config.load("tiny", None, {"train.iterations": 3, "train.sft_steps": 0, "eval.every": 0,
+                                     "train.progress": True})
+    return Trainer(cfg, tmp_path / name)
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, capsys, caplog):
+    """With stderr in a file (not a terminal) no bar is drawn and every iteration logs one line;
+    on a terminal the bar is drawn. (A bar's redraws interleaved with the log lines of a file.)"""
+    import logging
+
+    import freshper.trainer.train.loop as L
+
+    tr = _run(tmp_path, "run-logged-to-a-file")
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="freshper"):
+        tr.run()
+    err = capsys.readouterr().err
+    assert "run-logged-to-a-file:" not in err, "the run's bar was drawn into a file"  # tqdm's "desc: 33%|..."
+    assert [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("iter ")] == ["0", "1", "2"]
+    monkeypatch.setattr(L, "on_terminal", lambda: True)
+    bar = _run(tmp_path, "terminal")._progress_bar()
+    assert bar is not None
+    bar.close()
