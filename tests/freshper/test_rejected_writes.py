@@ -62,7 +62,7 @@ def test_rejected_add_changes_nothing(sampler, insert):
     """A NaN in a device priority: nothing moves, not even the boost expiry the new step would
     have made; a good add after check() lands where the rejected one would have (no hole).
     Wrong variants seen to fail: counters advanced unconditionally (today's code), the fields
-    written by a rejected add, the expiry run before the add's validation."""
+    written by a rejected add, the boost ended before the add's write."""
     d = where(sampler)
     g = torch.Generator().manual_seed(3)
     buf = ReplayBuffer(24, sampler=sampler, sync_free=True, insert=insert, tau=6.0, device=d)
