@@ -45,3 +45,13 @@ def test_auto_is_off_on_the_cpu_and_on_needs_fifo(tmp_path):
     with pytest.raises(ValueError, match="sync_free=True needs eviction 'fifo'"):
         ReplayBuffer(8, sampler="scan", sync_free=True, eviction="stalest")
     assert not ReplayBuffer(8, sampler="scan", eviction="stalest", device="cpu").sync_free
+
+
+def test_a_resumed_run_keeps_its_sync_free_buffer(tmp_path):
+    """The checkpoint carries the buffer's sync_free setting: a resumed CPU run samples with the
+    scan again, not the tree (before, a state came back with the device's default)."""
+    over = {**OVER, "rollout.episodes": 4, "train.iterations": 2}
+    Trainer(config.load("tiny", None, over), tmp_path / "r").run(iterations=1)
+    resumed = Trainer(config.load("tiny", None, over), tmp_path / "r", resume=True)
+    assert resumed.buffer.sync_free and resumed.buffer.sampler == "scan"
+    resumed.run()
