@@ -177,6 +177,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200, help="timed steps per configuration (median reported)")
     ap.add_argument("--scan", action="store_true", help="also time the flat torch scan sampler")
     ap.add_argument("--profile", action="store_true", help="on CUDA: each phase's time and the top ops of a step")
+    ap.add_argument("--cuda-only", action="store_true",
+                    help="on CUDA: only the CUDA table (the CPU tree beside it), not cpprb's and TorchRL's")
     args = ap.parse_args(argv)
     caps = [int(float(c)) for c in args.capacities.split(",")]
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -185,9 +187,11 @@ def main(argv=None):
     cols = ["capacity", "freshper tree (us)"] + (["freshper scan (us)"] if args.scan else []) + [
         "cpprb PER (us)", "cpprb / freshper", "TorchRL buffer (us)", "TorchRL / freshper",
         "TorchRL sampler alone (us)", "sampler alone / freshper"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for cap in caps:
+    cpu_table = not (args.cuda_only and torch.cuda.is_available())
+    if cpu_table:
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+    for cap in caps if cpu_table else ():
         tree = bench_freshper(cap, args.batch, args.steps, "tree")
         row = [f"{cap:.0e}", f"{tree:.0f}"]
         if args.scan:

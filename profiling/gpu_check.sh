@@ -155,7 +155,8 @@ else
   step loss loss.txt python3 -m freshper.profiling.bench_kernels --quick --part loss
 fi
 
-step buffer-step buffer_step.txt python3 -m freshper.profiling.bench_replay --capacities 1e4,1e6 --steps 50 --profile
+step buffer-step buffer_step.txt python3 -m freshper.profiling.bench_replay --cuda-only --capacities 1e4,1e6 \
+  --steps 50 --profile
 
 # ---------------------------------------------------------------- the rest (<= 300 s in all)
 # Nothing can be fetched on the GPU machine: carried wheels (--fetch-wheels) go to /tmp/site.

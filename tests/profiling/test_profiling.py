@@ -196,3 +196,22 @@ def test_bench_kernels_prints_our_loss_rows_before_the_baselines(monkeypatch):
         calls.clear()
         bench_kernels.bench_cuda(True, part)
         assert calls == want, (part, calls)
+
+
+def test_bench_replay_cuda_only_skips_the_cpu_baselines(monkeypatch, capsys):
+    """--cuda-only (the GPU call's buffer step): on CUDA only the CUDA table, the CPU tree timed
+    beside it; cpprb and TorchRL (their fills take seconds at 1e6) are not run."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench_replay, "bench_freshper", lambda cap, b, s, kind, *a, **k: calls.append(kind) or 100.0)
+    monkeypatch.setattr(bench_replay, "bench_captured", lambda *a: calls.append("graph") or "50")
+    monkeypatch.setattr(bench_replay, "bench_cpprb", lambda *a: calls.append("cpprb"))
+    monkeypatch.setattr(bench_replay, "bench_torchrl", lambda *a: calls.append("torchrl"))
+    bench_replay.main(["--cuda-only", "--capacities", "1e4", "--steps", "5"])
+    assert calls == ["triton", "triton", "graph", "tree"]
+    assert re.search(r"^\| 1e\+04 \| 100 \| 100 \| 50 \| 100 \| 1.00x \|$", capsys.readouterr().out, re.M)
+    calls.clear()
+    bench_replay.main(["--capacities", "1e4", "--steps", "5"])
+    assert "cpprb" in calls and "torchrl" in calls
