@@ -22,15 +22,16 @@ log-softmax and its gradient in float32, the gradient rounded once to the inputs
 the two backward GEMMs. With `logits_dtype=torch.float32` GEMM 1 keeps its float32 accumulator
 instead of rounding the logits (cuBLAS's out_dtype: the same FLOPs, twice the buffer's bytes; on
 the CPU an exact upcast and a float32 GEMM), and the row kernel's store rounds the gradient to
-the operands' dtype itself: on CUDA into the float32 buffer's own memory (logit_rows.grad_buffer),
-so there is no cast pass and nothing is allocated per chunk. Chunks are sized in tokens
-(`default_chunk`), the same for both logits dtypes. A bf16 logit is off by up to half a bf16 spacing,
-0.06 nats at |z| = 16, and that rounding doubles the log-prob gap between an engine's decode and
-the trainer's forward at one set of weights (results/benchmarks/mismatch-sources-cpu-2026-12-06/).
-grad_weight accumulates over chunks in the weight's dtype (one rounding per chunk) or, with
-`accum_dtype=torch.float32`, and by default with float32 logits where GEMM 3 has cuBLAS's
-out_dtype (`default_accum`), in a float32 buffer rounded once at the end (eager's single
-rounding, at 4 V H bytes more). `grad_scale` serves fp16's loss scaling (fused_linear_policy_loss).
+the operands' dtype itself: on CUDA into the float32 buffer's own memory
+(logit_rows.grad_buffer), so there is no cast pass and nothing is allocated per chunk. Chunks
+are sized in tokens (`default_chunk`), the same for both logits dtypes. A bf16 logit is off by
+up to half a bf16 spacing, 0.06 nats at |z| = 16, and that rounding doubles the log-prob gap
+between an engine's decode and the trainer's forward at one set of weights
+(results/benchmarks/mismatch-sources-cpu-2026-12-06/). grad_weight accumulates over chunks in
+the weight's dtype (one rounding per chunk) or, with `accum_dtype=torch.float32`, and by default
+with float32 logits where GEMM 3 has cuBLAS's out_dtype (`default_accum`), in a float32 buffer
+rounded once at the end (eager's single rounding, at 4 V H bytes more). `grad_scale` serves
+fp16's loss scaling (fused_linear_policy_loss).
 
 Host synchronisation: none when the caller passes `n_active` (the trainer knows it from the one
 sync a micro-batch already has) and `check=False`. Otherwise one read of the mask's sum and, with
@@ -94,11 +95,11 @@ def has_out_dtype(op: str, device: str | torch.device, dtype: torch.dtype = torc
 
 def default_accum(logits_dtype: torch.dtype, dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
     """grad_weight's accumulator when the caller names none: float32 for float32 logits from
-    lower-precision operands where GEMM 3 can write float32 itself (cuBLAS's out_dtype: the same
-    GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands' dtype. Where
-    that GEMM is missing (torch's CPU build) float32 sums would cost an upcast of each chunk's
-    gradient and a float32 GEMM (2.5x bf16's addmm on one Xeon core at H 576, V 49,152), so they are
-    left to accum_dtype=torch.float32."""
+    lower-precision operands where GEMM 3 can write float32 itself (cuBLAS's out_dtype: the
+    same GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands'
+    dtype. Where that GEMM is missing (torch's CPU build) float32 sums would cost an upcast
+    of each chunk's gradient and a float32 GEMM (2.5x bf16's addmm on one Xeon core at H
+    576, V 49,152), so they are left to accum_dtype=torch.float32."""
     if logits_dtype == torch.float32 and dtype != torch.float32 and has_out_dtype("addmm", device, dtype):
         return torch.float32
     return dtype
