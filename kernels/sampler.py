@@ -91,9 +91,15 @@ if HAS_TRITON:
             cand = tl.min(tl.where(mass > 0, o, 2147483647), axis=0)
             first = tl.where((first < 0) & (cand < 2147483647), cand, first)
             carry = tl.max(tl.where(o < nb, incl, 0.0), axis=0)
-        tl.store(scal_ptr + 0, carry)
-        tl.store(scal_ptr + 1, top)
-        tl.store(scal_ptr + 2, tl.min(low, axis=0))
+        # No block of positive mass (no live slot): every draw reads slot 0's key, -inf. total 1,
+        # max 0, min 0 and beta -1 make its probability exp(-inf - 0) / 1 and its weight
+        # exp(1 * (-inf - 0)) both 0, with no select in _search (one spilled on sm_80).
+        none = first < 0
+        tl.store(scal_ptr + 0, tl.where(none, 1.0, carry))
+        tl.store(scal_ptr + 1, tl.where(none, 0.0, top))
+        tl.store(scal_ptr + 2, tl.where(none, 0.0, tl.min(low, axis=0)))
+        beta = tl.load(scal_ptr + 3)
+        tl.store(scal_ptr + 3, tl.where(none, -1.0, beta))
         tl.store(scal_ptr + 4, first.to(tl.float64))
         if HAS_ERR:  # no block of positive mass: no live slot
             e = tl.load(err_ptr)
@@ -131,8 +137,8 @@ if HAS_TRITON:
             lo = tl.where(right & (lo < hi), mid + 1, lo)
             hi = tl.where(~right & (lo < hi), mid, hi)
         b = tl.load(owner_ptr + tl.minimum(lo, nb - 1))
-        none = first < 0  # no live slot: every index below is clamped to 0, never before an array
-        b = tl.where(b < 0, tl.maximum(first, 0), b)  # only zero-mass blocks before it: the first positive one
+        # only zero-mass blocks before it: the first positive one (none: block 0, never block -1)
+        b = tl.where(b < 0, tl.maximum(first, 0), b)
         bm = tl.load(bmax_ptr + b)
         scale = tl.exp(bm - top)
         mass = tl.load(bsum_ptr + b) * scale
@@ -154,8 +160,8 @@ if HAS_TRITON:
         i = tl.maximum(_pick(tl.cumsum(e, axis=1), e, rest, lo3[None, :], SUB), 0)
         ki = tl.sum(tl.where(lo3[None, :] == i[:, None], k, 0.0), axis=1)
         tl.store(idx_ptr + j, b * BLOCK + c * SUB + i, mask=jmask)
-        tl.store(prob_ptr + j, tl.where(none, 0.0, tl.exp(ki - top) / total), mask=jmask)
-        tl.store(w_ptr + j, tl.where(none, 0.0, tl.exp(-beta * (ki - kmin))), mask=jmask)
+        tl.store(prob_ptr + j, tl.exp(ki - top) / total, mask=jmask)
+        tl.store(w_ptr + j, tl.exp(-beta * (ki - kmin)), mask=jmask)
 
 
 # Elements of the widest per-program tile (draws x max(sub-blocks, SUB)) and of a scan chunk:
