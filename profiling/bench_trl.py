@@ -3,8 +3,11 @@ generation and the rest, generated tokens per second of generation, peak memory.
 
 The job (preset smollm2-135m-math): SmolLM2-135M-Instruct, one-digit addition, 32 replies per
 iteration (4 prompts x 8), replies of up to 32 tokens at temperature 1, one AdamW step per
-iteration at lr 1e-5 (constant), float32, HF generation on both sides (`--engine vllm`: vLLM
-colocated in the process on both sides). Replay off: our on-policy
+iteration at lr 1e-5 (constant), HF generation on both sides (`--engine vllm`: vLLM colocated
+in the process on both sides). One dtype on both sides, pinned (`_dtype`): float32 on the CPU
+(ours with `--model.dtype float32`, since `auto` is bf16 on CPUs with AVX512-BF16 while TRL's
+side runs float32 on any CPU), bf16 compute over float32 masters on CUDA (ours `bfloat16`, TRL's
+bf16=True on the float32 model). Replay off: our on-policy
 arm against GRPOTrainer; replay on: our FreshPER arm (K = 1, 32 replayed trajectories) against
 FreshPERGRPOTrainer (replay_updates 1, replay_batch_size 32). Activation (gradient)
 checkpointing is set alike on both sides (`--checkpointing`; off by default, as in our preset:
@@ -18,9 +21,8 @@ that each sees the same load (the 1-thread rows: two 1-thread processes on two c
 
 `--model random-qwen2.5-0.5b` (the GPU comparison): the same job with Qwen2.5-0.5B's architecture
 and random weights on both sides (trainer/model/random_init.py: shipped config, byte-level
-tokenizer, weights drawn under the run's seed), on CUDA where there is one: ours with its
-defaults there (bf16 compute over float32 masters), TRL's GRPOTrainer with bf16=True on the same
-float32 model. Rewards mean nothing with random weights; the work per iteration is the point:
+tokenizer, weights drawn under the run's seed), on CUDA where there is one: both sides in bf16
+compute over float32 masters, as above. Rewards mean nothing with random weights; the work per iteration is the point:
 `--new-tokens N` sets both sides' reply limit, and a random policy over 151,936 ids all but
 never ends a reply early (its EOS has probability ~1/151,936 a token), so both sides generate N
 tokens a reply; the table's gen tokens column shows it. Peak memory is the GPU's on CUDA.
@@ -55,9 +57,15 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def _dtype() -> str:
+    """The one compute dtype both sides run in: bf16 on CUDA (TRL's bf16=True), float32 on the CPU,
+    where TRL's side has no bf16 and ours would take `auto`'s bf16 on an AVX512-BF16 CPU."""
+    return "bfloat16" if _cuda() else "float32"
+
+
 def _overrides() -> dict:
-    """Config values of the chosen model on our side (and the job both sides run)."""
-    out = {}
+    """Config values of the chosen model on our side (and the job both sides run), its dtype pinned."""
+    out = {"model.dtype": _dtype()}
     if MODEL["model"] == "random-qwen2.5-0.5b":
         out.update({"model.path": RANDOM_QWEN, "model.init": "random"})
     if MODEL["new_tokens"]:
@@ -119,7 +127,7 @@ def run_trl(replay: bool, iterations: int, skip: int, out: str, checkpointing: b
                   per_device_train_batch_size=r.episodes, num_generations=r.group_size,
                   max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                   top_k=r.top_k or None, learning_rate=cfg.algo.lr, lr_scheduler_type="constant", warmup_steps=0,
-                  beta=0.0, max_steps=iterations, logging_steps=1, bf16=cuda, seed=cfg.train.seed,
+                  beta=0.0, max_steps=iterations, logging_steps=1, bf16=_dtype() == "bfloat16", seed=cfg.train.seed,
                   gradient_accumulation_steps=1, disable_tqdm=True, gradient_checkpointing=checkpointing)
     if engine == "vllm":  # TRL's colocated engine: vLLM in this process, as ours
         common.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=r.max_len,
