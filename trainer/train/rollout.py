@@ -90,10 +90,11 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
     # what each episode earned, summed from the StepResults its env returned (the one source)
     reward, penalty = torch.zeros(E, dtype=torch.float32), torch.zeros(E, dtype=torch.float32)
     success = torch.zeros(E, dtype=torch.bool)
+    done = [False] * E  # an episode ends where its StepResult says so, or where its context is full
     steps = gen_tokens = 0
     try:
         while True:
-            active = [i for i, env in enumerate(envs) if not env.done]
+            active = [i for i in range(E) if not done[i]]
             if not active:
                 break
             with phase("generate"):  # each episode is its own key: the engine may keep its cache for the next turn
@@ -114,15 +115,13 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
                     reward[i] += result.reward
                     penalty[i] += result.penalty
                     success[i] = bool(result.success)
-                    if result.done:  # an env whose own step does not set .done still ends here
-                        envs[i].done = True
+                    done[i] = bool(result.done)  # the StepResult, not the env's own .done
                     gen_tokens += len(gen.token_ids[j])
                     if not result.done and not eps[i].add_user(envs[i].feedback(result, max_new_tokens),
                                                                limit=max_len - max_new_tokens,
                                                                images=envs[i].images() if vision else ()):
-                        envs[i].done = True
-                        ended[i] = True
-                    if envs[i].done:
+                        done[i] = ended[i] = True
+                    if done[i]:
                         engine.release([eps[i]])
             steps += len(active)
     finally:  # an error mid-rollout leaves no episode's cache behind
