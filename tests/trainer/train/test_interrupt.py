@@ -10,17 +10,7 @@ from pathlib import Path
 
 import pytest
 
-
-@pytest.fixture
-def spawned():
-    """The trainer processes a test starts: any still running when it ends (an assertion failed
-    before they stopped; the stuck runs are 100,000 iterations long) is killed, whatever happened."""
-    procs = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+# `spawned` (tests/trainer/conftest.py) kills each trainer process a test started, whatever happens.
 
 
 def test_sigint_checkpoints_and_says_how_to_resume(tmp_path, spawned):
