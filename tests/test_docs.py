@@ -161,7 +161,7 @@ def test_command_line_is_accepted(where, argv, paths, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [["train", "--algo.taus", "3"], ["train", "--preset", "qwen9"],
-                                  ["compare", "--arms", "on-policy,fresh"], ["train", "--rollout.lag", "2"]])
+                                  ["compare", "--arms", "on-policy,fresh"], ["train", "--rollout.lag", "65"]])
 def test_a_wrong_command_line_is_caught(argv):
     with pytest.raises(ValueError):
         check_command(argv)

@@ -244,6 +244,8 @@ def cmd_train(argv) -> int:
                     "nothing to do: %s finished at iteration %d (train.iterations %d); to train on, raise it: "
                     "freshper train --resume %s --train.iterations N", run_dir, trainer.iteration,
                     cfg.train.iterations, run_dir)
+            from .train.async_worker import GenerationWorkerDied
+
             try:
                 trainer.run()
             except KeyboardInterrupt:  # a second stop signal, or the stuck-iteration watchdog
@@ -255,6 +257,10 @@ def cmd_train(argv) -> int:
                 logging.getLogger("freshper").error("freshper train: error in iteration %d: %s", trainer.iteration, e)
                 logging.getLogger("freshper").debug("where it was raised", exc_info=True)
                 return 2
+            except GenerationWorkerDied as e:  # rollout.asynchronous: the checkpoint is written, the worker gone
+                logging.getLogger("freshper").error("freshper train: stopped in iteration %d: %s; resume with: "
+                                                    "freshper train --resume %s", trainer.iteration, e, run_dir)
+                return 3
             interrupted, done = trainer.interrupted, True
     finally:
         # The sharded model, its device mesh and the samplers hold the process group: drop them

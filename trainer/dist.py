@@ -152,6 +152,9 @@ def check_world(cfg: "Config", world: int) -> None:
         bad.append(f"eval.episodes={e.episodes} must split evenly over {world} ranks")
     if a.mode != "on-policy" and a.capacity % world:
         bad.append(f"algo.capacity={a.capacity} must split evenly over {world} ranks (one shard each)")
+    if r.asynchronous:
+        bad.append("rollout.asynchronous runs one generation worker beside one trainer process; several ranks are not "
+                   "supported yet (lockstep lags, rollout.lag / rollout.lag_probs, work on several ranks)")
     if a.mode != "on-policy" and a.replay_unit != "trajectory":
         bad.append(f"algo.replay_unit={a.replay_unit!r}: several ranks sample trajectories only "
                    "(whole groups are drawn by one buffer); use algo.replay_unit=trajectory")

@@ -111,6 +111,10 @@ def validate(cfg: Config) -> None:
     if r.lag and r.lag_probs:
         raise ValueError(f"rollout.lag={r.lag} and rollout.lag_probs={r.lag_probs!r}: give one (a constant lag, or a "
                          "distribution of lags)")
+    if r.asynchronous and (r.lag or r.lag_probs):
+        raise ValueError(f"rollout.asynchronous with rollout.lag={r.lag} / rollout.lag_probs={r.lag_probs!r}: the "
+                         "worker's lag is what it is (bounded by rollout.max_lag); the lags are lockstep's, in one "
+                         "process. Give one")
     if a.staleness == "gate" and not a.max_age:
         raise ValueError("algo.staleness=gate drops batches older than algo.max_age: set algo.max_age >= 1 (0 means "
                          "no gate)")

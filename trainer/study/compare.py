@@ -45,6 +45,13 @@ ARMS = {
     "freshper-group": {"algo.mode": "freshper", "algo.replay_unit": "group"},
     "freshper-stored": {"algo.mode": "freshper", "algo.replay_advantage": "stored"},
     "freshper-max": {"algo.mode": "freshper", "algo.insert_priority": "max"},
+    # staleness (docs/asynchronous.md): the user's algo.mode, batches generated with the lags drawn
+    # from --lag-probs (lockstep: reproducible by seed) and trained as algo.staleness says
+    "synchronous": {},
+    "stale-none": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "none"},
+    "stale-gate": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "gate", "algo.max_age": "MAX_AGE"},
+    "stale-is": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "is"},
+    "stale-decay": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "decay"},
 }
 # The env-step budget of a comparison on the CPU presets, where the preset's own iterations are
 # not the comparison's; any other preset (the GPU presets, the paper's settings) defaults to its
@@ -90,15 +97,21 @@ def check_overrides(arms: list[str], given: dict, taus) -> None:
             raise ValueError("--algo.tau is set by --tau-sweep for each run")
         if key == "algo.max_age" and any(ARMS[a].get(key) == "MAX_AGE" for a in arms):
             raise ValueError("--algo.max_age defines the gate arms; use --max-age")
+        if key == "rollout.lag_probs" and any(ARMS[a].get(key) == "LAG_PROBS" for a in arms):
+            raise ValueError("--rollout.lag_probs defines the stale arms; use --lag-probs")
         defined = [a for a in arms if key in ARMS[a]]
         if defined:
             raise ValueError(f"--{key} defines arm {defined[0]!r} ({key}={ARMS[defined[0]][key]!r}); "
                              f"choose arms instead of overriding it")
 
 
-def arm_settings(arm: str, cfg, max_age: int) -> dict:
+def arm_settings(arm: str, cfg, max_age: int, lag_probs: str = "") -> dict:
     """The arm's overrides with its placeholders resolved against the run's config `cfg`."""
     out = dict(ARMS[arm])
+    if out.get("rollout.lag_probs") == "LAG_PROBS":
+        if not lag_probs:
+            raise ValueError(f"arm {arm!r} draws its batches' lags: give --lag-probs (e.g. 0.4,0.3,0.2,0.1)")
+        out["rollout.lag_probs"] = lag_probs
     if out.get("algo.onpolicy_passes") == MATCHED:
         out["algo.onpolicy_passes"] = 1 + cfg.algo.replay_updates
     if out.get("algo.max_age") == "MAX_AGE":
@@ -107,7 +120,7 @@ def arm_settings(arm: str, cfg, max_age: int) -> dict:
 
 
 def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: dict,
-         taus: list[float] | None, max_age: int = 4, first_seed: int = 0) -> list[dict]:
+         taus: list[float] | None, max_age: int = 4, first_seed: int = 0, lag_probs: str = "") -> list[dict]:
     """The runs of a comparison, seed by seed (every arm of seed 0, then of seed 1, ...), so one cut
     short holds whole seeds; finished runs are skipped, checkpointed ones resumed. `given`: the
     user's pass-through overrides, {'section.field': value}, applied to every run."""
@@ -121,7 +134,7 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
         for arm, tau in variants:
             label = arm if tau is None else f"{arm}-tau{tau:g}"
             run = out / f"{label}-s{s}"
-            over = {**RUN_DEFAULTS, **given, **arm_settings(arm, cfg, max_age), "train.seed": s,
+            over = {**RUN_DEFAULTS, **given, **arm_settings(arm, cfg, max_age, lag_probs), "train.seed": s,
                     "train.env_step_budget": budget, "train.iterations": 100_000,
                     "train.run_dir": str(out), "train.name": run.name}
             if tau is not None:
@@ -161,6 +174,8 @@ def parse(argv: list[str]):
     p.add_argument("--report-only", action="store_true", help="redraw the table and plots from existing runs")
     p.add_argument("--max-age", type=int, default=4,
                    help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
+    p.add_argument("--lag-probs", default="",
+                   help="the stale arms' lag distribution, P(lag=0),...,P(lag=K) (rollout.lag_probs: lockstep)")
     args, extra = p.parse_known_args(argv)
     from .. import config as C
 
@@ -182,6 +197,12 @@ def parse(argv: list[str]):
         p.error("--seeds, --parallel and --max-age must be >= 1")
     if args.first_seed < 0:
         p.error("--first-seed must be >= 0")
+    stale = [a for a in arms if ARMS[a].get("rollout.lag_probs") == "LAG_PROBS"]
+    try:
+        if stale and not C.parse_lag_probs(args.lag_probs):
+            p.error(f"arms {stale} draw their batches' lags: give --lag-probs (e.g. 0.4,0.3,0.2,0.1)")
+    except ValueError as e:
+        p.error(str(e).replace("rollout.lag_probs", "--lag-probs"))
     from ..flags import parse_overrides
 
     try:  # fail on a bad or conflicting pass-through override now, not in every child
@@ -202,7 +223,7 @@ def main(argv) -> int:
     command = shlex.join(["freshper", "compare", *argv])
     if args.report_only and (out / "command.txt").exists():  # keep the command that made the runs
         command = (out / "command.txt").read_text().strip()
-    jobs = plan(out, args.env, arms, args.seeds, budget, given, taus, args.max_age, args.first_seed)
+    jobs = plan(out, args.env, arms, args.seeds, budget, given, taus, args.max_age, args.first_seed, args.lag_probs)
     todo = [] if args.report_only else [j for j in jobs if j["cmd"]]
     if args.report_only and not all((j["run"] / "metrics.jsonl").exists() for j in jobs):
         p.error(f"--report-only: some runs in {out} have no metrics.jsonl yet")

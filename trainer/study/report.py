@@ -23,6 +23,7 @@ from ..train.intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of thi
 from ..train.metrics import points, read
 from .readouts import matched_table
 from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
+from .staleness import staleness_table
 
 
 def _cell(mean: float, half: float, digits: int | None = None) -> str:
@@ -257,7 +258,7 @@ def report(out: Path, jobs: list[dict], budget: int, command: str, sweep: bool) 
     for label, v in js.items():
         summary[label]["matched"] = v
     table = (f"budget: {budget} env steps per run; " + table + paired_table(next(iter(by_label)), diffs)
-             + readouts + signal_table(by_label))
+             + readouts + signal_table(by_label) + staleness_table(by_label))
     plot(out / "curves.png", by_label, summary, budget, sweep)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(summary, indent=1))

@@ -22,7 +22,7 @@ requests, drift estimates and metrics are agreed over the ranks; rank 0 writes t
 from __future__ import annotations
 
 import logging
-from contextlib import closing, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ from ..model.policy import Policy
 from ..model.precision import compute_dtype
 from . import checkpoint as ckpt
 from .advantages import advantages, shape
+from .async_worker import AsyncBatches, GenerationWorkerDied
 from .batches import LockstepBatches
 from .console import on_terminal, progress_line, stop_on_signals, summary
 from .drift import DriftTau
@@ -336,7 +337,7 @@ class Trainer:
         batch_lag = how.age  # versions between this batch's weights and these
         staleness = {"batch_age": how.age, "batch_weight": 1.0 if how.weight is None else how.weight,
                      "episodes_generated": generated * self.dist.world, "episodes_dropped": 0 if how.keep else episodes,
-                     "episodes_in_flight": self.batches.in_flight() * self.dist.world}
+                     "episodes_in_flight": self.batches.in_flight() * self.dist.world, **self._worker_times()}
         self.dropped += 0 if how.keep else episodes  # the gate: generation wasted; replay updates still run
         # every reply failed to score: a scorer bug, not a policy (agreed over the ranks: all stop together)
         if self.dist.flag(ep.extra.get("score_errors", 0.0) == 1.0):
@@ -349,6 +350,8 @@ class Trainer:
 
         with P("weight_sync"):
             sync_s = self.engine.sync_weights(self.model)
+            if isinstance(self.batches, AsyncBatches):  # the worker's next batches use these weights
+                self.batches.publish(self.model, it + 1)
         if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
                 ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
@@ -557,7 +560,8 @@ class Trainer:
         t0 = time.perf_counter()
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
-        with stop_on_signals(self, self.cfg.train.stop_grace) as stops, closing(self.trackers), _logging_above(bar):
+        with stop_on_signals(self, self.cfg.train.stop_grace) as stops, closing(self.trackers), _logging_above(bar), \
+                self._generation():
             while self.iteration < end and not self.interrupted:
                 if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
@@ -582,6 +586,40 @@ class Trainer:
             bar.close()
         self._finish(rows, time.perf_counter() - t0)
         return rows
+
+    @contextmanager
+    def _generation(self):
+        """rollout.asynchronous: the generation worker runs while the loop does; it starts from the
+        weights and the iteration the run is at, and it is stopped whatever way the loop ends. If
+        it dies, the checkpoint of where the run is (the iteration that found it had changed
+        nothing yet) is written before the error goes up."""
+        if not self.cfg.rollout.asynchronous:
+            yield
+            return
+        self.batches = AsyncBatches(self.cfg, self.model, self.iteration, self.device)
+        log.info("generation worker started (pid %d): batches from iteration %d, at most %d versions old",
+                 self.batches.proc.pid, self.iteration, self.cfg.rollout.max_lag)
+        self._seen_times = (0.0, 0.0, 0.0)
+        try:
+            yield
+        except GenerationWorkerDied:
+            self.save_checkpoint()
+            raise
+        finally:
+            lost = self.batches.close()
+            log.info("generation worker stopped: %d episodes generated, %d of them in flight and discarded (a resume "
+                     "generates those batches again)", self.batches.generated, lost)
+
+    def _worker_times(self) -> dict:
+        """rollout.asynchronous: this iteration's seconds the trainer waited for a batch, and the
+        worker's seconds idle (waiting for weights or for room in its queue) and generating."""
+        if not isinstance(self.batches, AsyncBatches):
+            return {}
+        b = self.batches
+        now = (b.wait_s, b.worker_idle_s, b.worker_gen_s)
+        d = [x - y for x, y in zip(now, self._seen_times)]
+        self._seen_times = now
+        return {"trainer_wait_s": round(d[0], 4), "worker_idle_s": round(d[1], 4), "worker_generate_s": round(d[2], 4)}
 
     def _progress_bar(self):
         """A tqdm bar over the run's iterations on rank 0 with train.progress on and stderr a

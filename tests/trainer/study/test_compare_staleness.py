@@ -1,0 +1,50 @@
+"""`freshper compare`'s staleness arms (lockstep lags drawn from --lag-probs, trained as
+algo.staleness says) and the table that reads their runs."""
+import json
+
+import pytest
+
+from freshper.trainer.cli import main
+from freshper.trainer.study.compare import plan
+from freshper.trainer.study.staleness import staleness_row
+
+from .test_compare import TINY
+
+
+def test_the_stale_arms_draw_lags_and_report_their_staleness(tmp_path, capsys):
+    argv = ["compare", "--env", "frozenlake", "--arms", "synchronous,stale-gate,stale-decay", "--seeds", "1",
+            "--budget", "60", "--lag-probs", "0.4,0.2,0.4", "--max-age", "1", "--run-dir", str(tmp_path),
+            "--name", "t", "--algo.mode", "on-policy", *TINY]
+    assert main(argv) == 0
+    out = tmp_path / "compare-t"
+    table = (out / "table.md").read_text()
+    part = table.split("Staleness of the on-policy batches")[1]
+    assert "| stale-gate | 1 |" in part and "| stale-decay | 1 |" in part
+    assert "| synchronous |" not in part, "a synchronous run has nothing stale to report"
+    rows = [json.loads(x) for x in (out / "stale-gate-s0" / "metrics.jsonl").read_text().splitlines()]
+    sync = [json.loads(x) for x in (out / "synchronous-s0" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["batch_age"] == 0 for r in sync)
+    got = staleness_row(rows)
+    dropped = sum(r["episodes_dropped"] for r in rows)
+    assert got["dropped"] == pytest.approx(dropped / sum(r["episodes_generated"] for r in rows))
+    assert dropped == 4 * sum(r["batch_age"] > 1 for r in rows), "each batch older than --max-age dropped whole"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv, msg", [(["--arms", "stale-is"], "give --lag-probs"),
+                                       (["--arms", "stale-is", "--lag-probs", "0.5,0.6"], "--lag-probs"),
+                                       (["--arms", "stale-is", "--lag-probs", "0.5,0.5", "--rollout.lag_probs", "1"],
+                                        "use --lag-probs")])
+def test_the_stale_arms_need_their_distribution(tmp_path, capsys, argv, msg):
+    with pytest.raises(SystemExit):
+        main(["compare", "--env", "frozenlake", "--run-dir", str(tmp_path), *argv])
+    assert msg in capsys.readouterr().err
+
+
+def test_the_stale_arms_differ_only_in_their_staleness(tmp_path):
+    jobs = plan(tmp_path, "frozenlake", ["synchronous", "stale-none", "stale-is", "stale-decay"], 1, 100, {}, None,
+                lag_probs="0.5,0.5")
+    flags = [{a.split("=")[0] for a in j["cmd"] if a.startswith("--")} for j in jobs]
+    assert "--rollout.lag_probs" not in flags[0]
+    assert all("--rollout.lag_probs" in f and "--algo.staleness" in f for f in flags[1:])
+    assert all("--rollout.lag_probs=0.5,0.5" in j["cmd"] for j in jobs[1:])

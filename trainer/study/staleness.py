@@ -1,0 +1,38 @@
+"""What a comparison's runs did with stale batches (docs/asynchronous.md): per arm, the mean age of
+the batches its on-policy updates saw, the weight the decay gave them, the share of generated
+episodes the gate dropped, and for asynchronous runs the seconds each side waited."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def staleness_row(rows: list[dict]) -> dict | None:
+    """One run's staleness figures, or None for a run that logged none (before lockstep existed)."""
+    rows = [r for r in rows if "batch_age" in r]
+    if not rows:
+        return None
+    generated = sum(r.get("episodes_generated", 0) for r in rows)
+    dropped = rows[-1].get("episodes_dropped_total", 0) + rows[-1].get("episodes_dropped", 0)
+    return {"age": float(np.mean([r["batch_age"] for r in rows])), "age_max": max(r["batch_age"] for r in rows),
+            "weight": float(np.mean([r.get("batch_weight", 1.0) for r in rows])),
+            "dropped": dropped / generated if generated else 0.0,
+            "wait": float(np.mean([r.get("trainer_wait_s", 0.0) for r in rows])),
+            "idle": float(np.mean([r.get("worker_idle_s", 0.0) for r in rows]))}
+
+
+def staleness_table(by_label: dict) -> str:
+    """Markdown: per arm, the means over its seeds of staleness_row; empty when no arm was stale."""
+    lines = []
+    for label, items in by_label.items():
+        runs = [x for x in (staleness_row(rows) for _, rows, _ in items) if x is not None]
+        if not runs or not any(r["age_max"] for r in runs):
+            continue
+        m = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+        lines.append(f"| {label} | {len(runs)} | {m['age']:.2f} | {max(r['age_max'] for r in runs)} | "
+                     f"{m['weight']:.3f} | {m['dropped']:.3f} | {m['wait']:.2f} | {m['idle']:.2f} |")
+    if not lines:
+        return ""
+    return ("\n\nStaleness of the on-policy batches (mean over seeds; dropped: the gate's share of generated "
+            "episodes; waits in seconds per iteration, asynchronous runs only)\n\n"
+            "| arm | seeds | age | max age | decay weight | dropped | trainer waits | worker idle |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
