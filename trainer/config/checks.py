@@ -115,6 +115,10 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"rollout.asynchronous with rollout.lag={r.lag} / rollout.lag_probs={r.lag_probs!r}: the "
                          "worker's lag is what it is (bounded by rollout.max_lag); the lags are lockstep's, in one "
                          "process. Give one")
+    idle = [f"rollout.{k}={getattr(r, k)!r}" for k in ("max_lag", "worker_threads", "worker_device")
+            if getattr(r, k) != getattr(type(r)(), k)]
+    if idle and not r.asynchronous:
+        raise ValueError(f"{', '.join(idle)}: the generation worker's settings, for rollout.asynchronous true")
     if a.staleness == "gate" and not a.max_age:
         raise ValueError("algo.staleness=gate drops batches older than algo.max_age: set algo.max_age >= 1 (0 means "
                          "no gate)")

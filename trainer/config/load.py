@@ -57,6 +57,9 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
                                  f"'{k}:\n  {next(iter(field_table_of(k)))}: ...', got {v!r}")
         apply(cfg, flatten(data), strict=True)
         given |= {resolve_key(k) for k in flatten(data)}
+        if run_config and "staleness" not in (data.get("algo") or {}):
+            # a run from before algo.staleness trained its lagged batches as if fresh: it goes on so
+            cfg.algo.staleness = "none"
         if run_config:  # an old run's file: its other environments' fields are dropped below, not refused
             own = env_options(cfg.env.name)
             given = {k for k in given if not k.startswith("env.") or k[4:] in own}

@@ -12,7 +12,7 @@ def staleness_row(rows: list[dict]) -> dict | None:
     if not rows:
         return None
     generated = sum(r.get("episodes_generated", 0) for r in rows)
-    dropped = rows[-1].get("episodes_dropped_total", 0) + rows[-1].get("episodes_dropped", 0)
+    dropped = rows[-1].get("episodes_dropped_total", 0)  # this run's, up to and with its last iteration
     return {"age": float(np.mean([r["batch_age"] for r in rows])), "age_max": max(r["batch_age"] for r in rows),
             "weight": float(np.mean([r.get("batch_weight", 1.0) for r in rows])),
             "dropped": dropped / generated if generated else 0.0,

@@ -13,8 +13,9 @@ Nothing is lost and nothing is left running:
 - a worker that raises sends its error and exits; one that dies (killed, out of memory) is seen
   within a second by the trainer waiting on it; either way `take` raises GenerationWorkerDied,
   and the loop writes a checkpoint and stops in one line;
-- the worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the trainer
-  decides when to stop), dies with its parent (PR_SET_PDEATHSIG), and `close` ends it;
+- the worker ignores SIGINT and SIGTERM (a terminal's Ctrl-C, or a scheduler's SIGTERM, reaches
+  the whole process group: the trainer decides when to stop), dies with its parent
+  (PR_SET_PDEATHSIG), and `close` ends it; after its last batch it waits for that;
 - batches in flight at a stop are counted and discarded; a resume generates them again with the
   weights it resumes from (so an asynchronous run is not bit for bit reproducible; lockstep is).
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import shutil
-import tempfile
 import time
 
 import torch
@@ -58,7 +58,8 @@ def worker_main(cfg, weights, out, spool, stop, start: int, end: int, device: st
     and exit."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a process group's stop signal is the trainer's to act on:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it checkpoints, then stops this process itself
     _die_with_parent(parent)
     try:
         _generate(cfg, weights, out, spool, stop, start, end, torch.device(device))
@@ -112,6 +113,8 @@ def _generate(cfg, weights, out, spool, stop, start, end, device) -> None:
                 continue
         if stop.is_set():
             return
+    while not stop.is_set():  # done: exiting now would look like a death to a trainer still training
+        time.sleep(0.1)
 
 
 def _spool(ep: Episodes, folder: str, j: int) -> str:
@@ -139,7 +142,7 @@ class AsyncBatches:
     """The trainer's side: the same calls as LockstepBatches (take, ahead, in_flight, state,
     load), plus `publish` after each update and `close` at the end."""
 
-    def __init__(self, cfg, model: torch.nn.Module, start: int, device: torch.device):
+    def __init__(self, cfg, model: torch.nn.Module, start: int, device: torch.device, spool):
         from .shared_weights import SharedWeights
 
         r = cfg.rollout
@@ -148,7 +151,10 @@ class AsyncBatches:
         self.weights.publish(model, start)
         self.out = ctx.Queue(maxsize=r.max_lag)
         self.stop = ctx.Event()
-        self.spool = tempfile.mkdtemp(prefix="freshper-batches-")  # the batches on their way to the trainer
+        # the batches on their way to the trainer; a killed run's leftovers go at the next start
+        self.spool = str(spool)
+        shutil.rmtree(self.spool, ignore_errors=True)
+        os.makedirs(self.spool)
         self.max_lag, self.end = r.max_lag, cfg.train.iterations
         where = str(device) if r.worker_device == "auto" else r.worker_device
         self.proc = ctx.Process(target=worker_main, name="freshper-generation",
@@ -166,10 +172,13 @@ class AsyncBatches:
         try:
             item = self.out.get(timeout=timeout) if timeout is not None else self.out.get_nowait()
         except queue_mod.Empty:
-            if not self.proc.is_alive():
+            if self.proc.is_alive():
+                return False
+            try:  # its last words may have reached the pipe just before it ended
+                item = self.out.get(timeout=0.5)
+            except queue_mod.Empty:
                 raise GenerationWorkerDied(f"the generation worker died (exit code {self.proc.exitcode}) without a "
                                            "word: killed, or out of memory") from None
-            return False
         if item[0] == "error":
             self.proc.join(5)
             raise GenerationWorkerDied(f"the generation worker failed: {item[1]}")
@@ -230,12 +239,9 @@ class AsyncBatches:
                     self.generated += item[4]
             except queue_mod.Empty:
                 pass
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
+        if self.proc.is_alive():  # mid-batch (it checks the stop between batches): it ignores SIGTERM
             self.proc.kill()
-            self.proc.join()
+        self.proc.join()
         self.pending.clear()
         shutil.rmtree(self.spool, ignore_errors=True)
         return lost

@@ -596,7 +596,7 @@ class Trainer:
         if not self.cfg.rollout.asynchronous:
             yield
             return
-        self.batches = AsyncBatches(self.cfg, self.model, self.iteration, self.device)
+        self.batches = AsyncBatches(self.cfg, self.model, self.iteration, self.device, self.run_dir / ".batches")
         log.info("generation worker started (pid %d): batches from iteration %d, at most %d versions old",
                  self.batches.proc.pid, self.iteration, self.cfg.rollout.max_lag)
         self._seen_times = (0.0, 0.0, 0.0)

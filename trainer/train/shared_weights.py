@@ -13,6 +13,12 @@ from __future__ import annotations
 import torch
 
 
+def _settle(tensors: dict) -> None:
+    """Wait for the copies into or out of `tensors` to finish, where they run on a GPU."""
+    if any(t.is_cuda for t in tensors.values()):
+        torch.cuda.synchronize()
+
+
 class ReaderDied(RuntimeError):
     """The process reading the shared weights died holding their lock."""
 
@@ -50,6 +56,7 @@ class SharedWeights:
                 raise ValueError(f"version {version} is older than the published {self._version.value}")
             for k, t in self.tensors.items():
                 t.copy_(state[k])
+            _settle(self.tensors)  # a CUDA copy is queued, not done: the reader may not see half of it
             self._version.value = version
         finally:
             lock.release()
@@ -63,4 +70,5 @@ class SharedWeights:
                 state = model.state_dict()
                 for k, t in self.tensors.items():
                     state[k].copy_(t)
+                _settle(state)  # done before the lock lets the writer overwrite what it reads
         return v

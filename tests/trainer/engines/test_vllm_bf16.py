@@ -62,17 +62,31 @@ def test_a_sync_rounds_float32_masters_to_nearest_bf16(trainer):
 
 
 def test_a_synced_bf16_engine_generates_as_a_fresh_one_from_the_masters(trainer, tmp_path):
+    """Against fresh engines loading the masters before and after a perturbation: the synced engine
+    generates as the one after does. Bit for bit on CPUs without AMX tiles (EPYC); on an AMX Xeon,
+    vLLM's reloaded bf16 GEMMs and a fresh load's differ by up to ~5e-4 nats (measured 2026-12-07),
+    so the test asks that the synced engine be far nearer the new weights than the old: within a
+    tenth of the perturbation's own effect (~1.7e-2 there). A sync that leaves any old weight fails."""
+    ps = prompts(trainer)
+    old = tmp_path / "old"
+    trainer.model.save_pretrained(old)  # float32: the masters themselves
+    trainer.tok.save_pretrained(old)
     perturb_off_the_bf16_grid(trainer.model, seed=2)
     trainer.engine.sync_weights(trainer.model)
-    ps = prompts(trainer)
     synced = trainer.engine.generate(ps, 6, GREEDY)
 
-    path = tmp_path / "masters"
-    trainer.model.save_pretrained(path)  # float32: the masters themselves
-    trainer.tok.save_pretrained(path)
+    new = tmp_path / "masters"
+    trainer.model.save_pretrained(new)
+    trainer.tok.save_pretrained(new)
     del trainer.engine
     gc.collect()
-    ids, lps = fresh_greedy(path, trainer, ps, "bfloat16")
+    ids, lps = fresh_greedy(new, trainer, ps, "bfloat16")
     assert ids == synced.token_ids
-    # the same bf16 weights through the same kernels: equal, not merely close
-    assert lps == synced.logprobs
+    _, before = fresh_greedy(old, trainer, ps, "bfloat16")
+
+    def gap(a, b):
+        return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+    moved = gap(lps, before)
+    assert moved > 1e-3, "the premise: the perturbation moves the log-probs"
+    assert gap(synced.logprobs, lps) <= 0.1 * moved, (gap(synced.logprobs, lps), moved)

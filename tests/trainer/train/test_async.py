@@ -81,7 +81,8 @@ def test_a_worker_that_fails_stops_the_run_after_a_checkpoint(tmp_path):
 
 
 def test_a_killed_worker_is_seen_within_seconds(tmp_path):
-    tr = Trainer(config.load("tiny", None, {**OVER, "train.iterations": 50}), tmp_path / "run")
+    tr = Trainer(config.load("tiny", None, {**OVER, "train.iterations": 50, "train.checkpoint_every": 1000}),
+                 tmp_path / "run")
 
     def kill_at_2(i):
         if i == 2:
@@ -94,6 +95,20 @@ def test_a_killed_worker_is_seen_within_seconds(tmp_path):
     assert time.monotonic() - kill_at_2.t < 10
     saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("iter_*"))
     assert saved and int(saved[-1][5:]) >= 2, saved
+
+
+def test_a_worker_done_before_the_trainer_is_not_a_death(tmp_path):
+    """Generation faster than training (what asynchronous generation is for): the worker has made
+    its last batch while the trainer still trains; the run ends normally."""
+    tr = Trainer(config.load("tiny", None, {**OVER, "train.iterations": 4}), tmp_path / "run")
+
+    def slow(i):
+        time.sleep(2.0)
+        return contextlib.nullcontext()
+
+    rows = tr.run(on_iteration=slow)
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert not tr.batches.proc.is_alive()
 
 
 def _start(tmp_path, name, *extra):

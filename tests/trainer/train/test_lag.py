@@ -90,7 +90,9 @@ def test_a_pending_batch_resumes_only_at_its_number_of_ranks(tmp_path):
 def test_replay_logs_the_age_since_generation(tmp_path, lag):
     """Under lag 1 a batch enters the buffer one update after the weights that generated it: the
     generation age is the buffer age plus that one (except the first batch, generated in place)."""
-    tr = Trainer(config.load("tiny", None, {**OVER, "rollout.lag": lag, "train.iterations": 4}), tmp_path / "run")
+    # algo.staleness none: the authors' code, where the age counts from arrival (test_lockstep has the others)
+    tr = Trainer(config.load("tiny", None, {**OVER, "rollout.lag": lag, "train.iterations": 4,
+                                            "algo.staleness": "none"}), tmp_path / "run")
     rows = tr.run()
     b = tr.buffer.sample(64, step=tr.iteration)
     assert torch.equal(b.gen_lag.long(), (b.birth > 0).long() * lag)

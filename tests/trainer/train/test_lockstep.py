@@ -180,3 +180,21 @@ def test_the_gate_drops_what_is_too_old_and_counts_it(tmp_path):
 def test_contradictory_staleness_options_are_refused(over, match):
     with pytest.raises(ValueError, match=match):
         config.load("tiny", None, over)
+
+
+def test_the_worker_settings_are_refused_without_the_worker():
+    with pytest.raises(ValueError, match="rollout.worker_threads=1: the generation worker's settings"):
+        config.load("tiny", None, {"rollout.worker_threads": 1})
+
+
+@pytest.mark.parametrize("mode, born_at", [("decay", "version"), ("none", "arrival")])
+def test_a_stale_batch_is_born_in_the_buffer_at_the_weights_that_made_it(tmp_path, mode, born_at):
+    tr, rows = run(tmp_path, mode, **{"rollout.lag": 2, "algo.staleness": mode, "algo.mode": "freshper",
+                                      "algo.replay_updates": 1, "train.iterations": 4})
+    b = tr.buffer.sample(len(tr.buffer), step=tr.iteration)
+    groups = 8 // tr.cfg.rollout.group_size
+    it = b.group.long() // groups  # the iteration that trained on each row
+    version = it - it.clamp(max=2)  # constant lag 2, clipped at the run's start
+    want = version if born_at == "version" else it
+    assert torch.equal(b.birth.long(), want), (b.birth, it)
+    assert torch.equal(b.gen_lag.long(), want - version), "gen_lag: versions from the generating weights to birth"
