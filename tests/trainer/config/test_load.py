@@ -41,3 +41,15 @@ def test_a_yaml_files_numbers_as_people_write_them(tmp_path):
     f.write_text("algo:\n  replay_updates: '3'\n")
     with pytest.raises(ValueError, match="algo.replay_updates must be an integer"):
         C.load("tiny", str(f))
+
+
+def test_a_run_from_before_the_staleness_option_resumes_with_its_old_behaviour(tmp_path):
+    """A run folder written before algo.staleness existed trained lagged batches as if fresh: its
+    resume keeps that (none), while a new run's file keeps what it says."""
+    old = tmp_path / "old.yaml"
+    old.write_text("rollout:\n  lag: 1\nalgo:\n  mode: freshper\n")
+    assert C.load("tiny", str(old), run_config=True).algo.staleness == "none"
+    assert C.load("tiny", str(old)).algo.staleness == "decay", "a --config file is not a run's: the default"
+    new = tmp_path / "new.yaml"
+    new.write_text("rollout:\n  lag: 1\nalgo:\n  staleness: is\n")
+    assert C.load("tiny", str(new), run_config=True).algo.staleness == "is"
