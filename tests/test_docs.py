@@ -198,7 +198,7 @@ REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users
 
 
 # Each study's registration as committed before its runs (bd7f183, 19057d7, and the precision
-# study's registering commit), by its SHA-256:
+# and staleness studies' registering commits), by its SHA-256:
 # a registration may not change once a run has started, so an edit to any fails here.
 REGISTRATIONS = {
     "ce1155395655a3c11a0db26a0350e807bbe68f4601f9a74bcee42ac548e4c004": REGISTRATION,
@@ -207,6 +207,9 @@ REGISTRATIONS = {
     "48c772b633ce8ea1d8e1575d307e44e8263c4b7d3630014e9176fcfffa09d0b8": re.compile(
         r"## Pre-registered study: bf16 against float32 on the CPU\n.*?\(End of the registration\. What follows is "
         r"added as the runs come in\.\)", re.S),
+    "dfda9d01a158aedfb16dd962669235af6b0e61a121a68b4612ca189f668cb843": re.compile(
+        r"## Pre-registered study: keep stale rollouts or drop them\n.*?\(End of the registration\. What follows "
+        r"is added as the runs come in\.\)", re.S),
 }
 
 
