@@ -212,7 +212,9 @@ class AsyncBatches:
         try:
             self.weights.publish(model, version, reader_alive=self.proc.is_alive)
         except ReaderDied:
-            pass  # killed while it copied the weights: the next take() reports it, between iterations
+            # killed while it copied the weights: no one reads them now, and the next take()
+            # raises GenerationWorkerDied between iterations, where a checkpoint is consistent
+            return
 
     def in_flight(self) -> int:
         """Episodes received and not yet taken (more may be in the worker's queue)."""
