@@ -67,3 +67,58 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, cap
     bar = _run(tmp_path, "terminal")._progress_bar()
     assert bar is not None
     bar.close()
+
+
+class _NonReentrantStream:
+    """A stream that, like CPython's buffered stderr, fails when one thread enters its write twice,
+    and that delivers a SIGINT during its first write: the signal handler then runs inside it."""
+
+    def __init__(self):
+        self.inside, self.text, self.signalled = False, [], False
+
+    def write(self, s):
+        import signal
+
+        if self.inside:
+            raise RuntimeError("reentrant call inside the stream")
+        self.inside = True
+        try:
+            if not self.signalled:
+                self.signalled = True
+                signal.raise_signal(signal.SIGINT)  # Python runs the handler here, inside write
+            self.text.append(s)
+        finally:
+            self.inside = False
+
+    def flush(self):
+        pass
+
+
+def test_a_stop_signal_during_a_log_write_logs_without_reentering_the_stream(capsys):
+    """A Ctrl-C that lands while a log line is being written must not make the handler write to
+    the same stream from inside that write (logging would print a traceback to stderr)."""
+    import logging
+
+    from freshper.trainer.train.console import stop_on_signals
+
+    class Owner:
+        interrupted, iteration = False, 7
+
+    stream = _NonReentrantStream()
+    handler = logging.StreamHandler(stream)
+    log = logging.getLogger("freshper")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)  # setLevel, not .level: it also clears the logger's cached answers
+    owner = Owner()
+    try:
+        with stop_on_signals(owner):
+            log.info("a line being written")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert owner.interrupted
+    assert "Logging error" not in capsys.readouterr().err
+    written = "".join(stream.text)
+    assert "a line being written" in written
+    assert "SIGINT: finishing iteration 7, then writing a checkpoint" in written
