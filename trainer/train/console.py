@@ -93,11 +93,12 @@ class stop_on_signals:
         # Not logged here: the signal may land inside a log line's write, and writing to the same
         # stream from within it fails ("reentrant call"; logging prints a traceback). A thread
         # waits for the handler's lock, so the line follows the one being written.
-        self.notice = threading.Thread(target=log.warning, name="stop-notice", args=(
+        notice = threading.Thread(target=log.warning, name="stop-notice", args=(
             "%s: finishing iteration %d, then writing a checkpoint (Ctrl-C or SIGTERM again to abort without one%s)",
             signal.Signals(signum).name, self.trainer.iteration,
             f"; aborted if still running in {self.grace:g} s" if self.grace else ""))
-        self.notice.start()
+        notice.start()
+        self.notice = notice  # only once started: a second signal inside start() leaves nothing to join
         if self.grace and not self.paused:
             self.timer = threading.Timer(self.grace, self._stuck, args=(self.trainer.iteration,))
             self.timer.daemon = True
@@ -128,8 +129,10 @@ class stop_on_signals:
 
         if self.timer is not None:
             self.timer.cancel()
-        if self.notice is not None:  # its line is written before the run's closing lines
-            self.notice.join(timeout=10)
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
+        try:
+            if self.notice is not None:  # its line is written before the run's closing lines
+                self.notice.join(timeout=10)
+        finally:  # a signal during the join still leaves the caller's handlers in place
+            for sig, handler in self.saved.items():
+                signal.signal(sig, handler)
         return False
