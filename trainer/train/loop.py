@@ -426,6 +426,7 @@ class Trainer:
         a, P = self.cfg.algo, self.phase
         rows = []
         bins = torch.zeros(2, 32, dtype=torch.float64, device=self.device)  # KL sum and count per age bin
+        by_gen_age: dict[int, list[float]] = {}  # generation age -> [rows, KL sum, IS-weight sum]
         if a.max_age:  # the hard staleness gate: nothing older than max_age iterations is replayed
             with P("sample"):
                 self.buffer.evict_older_than(it - a.max_age)
@@ -463,8 +464,18 @@ class Trainer:
                 with P("priority_update"):
                     self.buffer.update_priorities(b.indices, self._priority(b.reward, adv))
             singletons, adv_nonzero = replay_signal(per_row[:, len(REPLAY_ROW_COLUMNS):])
-            stats = torch.stack([ess_fraction(col["weight"]), age.mean(), age.max(), kl.mean(), col["kl_k1"].mean(),
-                                 singletons, adv_nonzero, col["gen_age"].mean(), col["gen_age"].max()]).tolist()
+            n = per_row.shape[0]
+            # one transfer: the batch's statistics, then each row's generation age, KL and IS weight
+            flat = torch.cat([torch.stack([ess_fraction(col["weight"]), age.mean(), age.max(), kl.mean(),
+                                           col["kl_k1"].mean(), singletons, adv_nonzero, col["gen_age"].mean(),
+                                           col["gen_age"].max()]),
+                              col["gen_age"], kl, col["weight"]]).tolist()
+            stats = flat[:9]
+            for g, k_, w in zip(flat[9:9 + n], flat[9 + n:9 + 2 * n], flat[9 + 2 * n:]):
+                acc = by_gen_age.setdefault(int(g), [0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += k_
+                acc[2] += w
             self.buffer.check()  # a sync-free buffer's deferred input errors, read right after this sync
             rows.append({"is_ess": stats[0], "replay_age_mean": stats[1], "replay_age_max": stats[2],
                          "replay_gen_age_mean": stats[7], "replay_gen_age_max": stats[8],
@@ -479,6 +490,10 @@ class Trainer:
         # {lowest age of the bin: [mean KL(mu || pi) per token, trajectories]}: the KL-vs-age data
         out["replay_kl_by_age"] = {str(0 if i == 0 else 2 ** (i - 1)): [round(sums[i] / counts[i], 6), int(counts[i])]
                                    for i in range(32) if counts[i]}
+        # {versions since the generating weights: [trajectories, mean KL(mu || pi) per token, mean IS weight]}:
+        # what replay drew by age, exactly (replay_kl_by_age bins the buffer age in powers of two)
+        out["replay_by_gen_age"] = {str(g): [c, round(k_ / c, 6), round(w / c, 6)]
+                                    for g, (c, k_, w) in sorted(by_gen_age.items())}
         if self.drift is not None:
             self.buffer.set_tau(self.drift.update())
             out.update(tau=self.drift.tau, drift_rate=self.drift.rate)

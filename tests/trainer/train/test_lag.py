@@ -98,3 +98,10 @@ def test_replay_logs_the_age_since_generation(tmp_path, lag):
     assert torch.equal(b.gen_lag.long(), (b.birth > 0).long() * lag)
     gaps = [r["replay_gen_age_mean"] - r["replay_age_mean"] for r in rows]
     assert all(0 <= g <= lag for g in gaps) and (max(gaps) > 0) == bool(lag), gaps
+    for r in rows:  # the exact histogram agrees with the batch statistics it is made from
+        h = r["replay_by_gen_age"]
+        count = sum(c for c, _, _ in h.values())
+        assert count == r["replay_rows"] * tr.K
+        assert sum(int(g) * c for g, (c, _, _) in h.items()) / count == pytest.approx(r["replay_gen_age_mean"])
+        assert max(int(g) for g in h) == r["replay_gen_age_max"]
+        assert sum(k * c for c, k, _ in h.values()) / count == pytest.approx(r["replay_kl"], rel=1e-3, abs=1e-6)
