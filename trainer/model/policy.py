@@ -207,27 +207,40 @@ class Policy:
         return silent
 
     # ------------------------------------------------------------------------- the update
-    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None, tis_cap=None) -> dict:
+    def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None, tis_cap=None,
+               lr_scale: float = 1.0, ess_lr: bool = False) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
         (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
-        rows. Returns detached scalar stats and two estimates (R,) of each row's per-token
-        KL(mu || pi) from this update's own log-probs, means over its response tokens with
-        d = logp - old_logp: "row_kl", k3 = e^d - 1 - d (never negative; what the metrics and
-        freshper-auto use), and "row_kl1", k1 = -d (unbiased, but negative on a row where pi
-        happens to favour the sampled tokens). On several ranks the
-        rows are this rank's share of the global batch and the scalar stats are global.
+        rows. `lr_scale` multiplies this step's learning rate, so the parameters move by exactly
+        that factor times what the step would move them (AdamW's step and its decoupled weight
+        decay are both proportional to the learning rate, from the same optimizer state): the
+        one place a weight of a whole batch survives the gradient clip and Adam's normalisation,
+        which divide any uniform factor on the loss back out. `ess_lr`: also multiply it by
+        sqrt(ESS / R) of the rows' sequence-level importance ratios pi_theta(y) / mu(y) against
+        the engine's `tis_logp` (VCPO, Huang et al. 2026, arXiv 2602.17616: their default sqrt
+        rule, unclipped ratios, ESS = (sum w)^2 / sum w^2); "lr_scale" and "ess" come back.
+        Returns detached scalar stats and two estimates (R,) of each row's per-token KL(mu || pi)
+        from this update's own log-probs, means over its response tokens with d = logp - old_logp:
+        "row_kl", k3 = e^d - 1 - d (never negative; what the metrics and freshper-auto use), and
+        "row_kl1", k1 = -d (unbiased, but negative on a row where pi happens to favour the sampled
+        tokens). On several ranks the rows are this rank's share of the global batch and the scalar stats are global.
         `old_logp` None: the old policy is the current weights (the first pass over rows these
         weights' log-probs were not yet computed for); the update's own forward gives them, and
         they come back as "logp" (R, L), equal to what `logprobs` would have returned.
         `tis_cap`: the truncated IS cap for these rows (None: algo.tis_cap; a stale batch's is
         algo.stale_tis_cap, trainer/train/staleness.py)."""
         a = self.cfg.algo
+        if not (math.isfinite(lr_scale) and 0 < lr_scale <= 1):
+            raise ValueError(f"lr_scale={lr_scale}: expected a number in (0, 1]")
+        if ess_lr and tis_logp is None:
+            raise ValueError("ess_lr needs tis_logp, the engine's log-probs the importance ratios are taken against")
         cap = a.tis_cap if tis_cap is None else tis_cap
         dev = self.device
         own = old_logp is None
         tokens, mask, adv = tokens.to(dev), mask.to(dev), adv.to(dev)
         old_logp = torch.zeros(tokens.shape, dtype=torch.float32, device=dev) if own else old_logp.to(dev)
         weights = None if weights is None else weights.to(dev).float()
+        behaviour = tis_logp.to(dev) if ess_lr else None  # the ESS's mu, whether or not truncated IS is on
         tis_logp = tis_logp.to(dev) if (tis_logp is not None and cap > 0) else None
         self.net.train()
         ref_logp = self.logprobs(tokens, mask, ref=True, vision=vision) if self.ref_net is not None or \
@@ -238,7 +251,7 @@ class Policy:
         if order is not None:  # micro-batches that share prompts and pad little; undone on the way out
             pick = lambda t: None if t is None else t[order]  # noqa: E731
             tokens, mask, adv, old_logp, lengths, starts = map(pick, (tokens, mask, adv, old_logp, lengths, starts))
-            weights, tis_logp, ref_logp = map(pick, (weights, tis_logp, ref_logp))
+            weights, tis_logp, ref_logp, behaviour = map(pick, (weights, tis_logp, ref_logp, behaviour))
         resp = mask[:, 1:]
         # the global batch's token and sequence counts normalise every rank's loss
         total_tok, total_seq = self.dist.sum(torch.stack([resp.sum(), resp.any(1).sum()]))
@@ -246,6 +259,7 @@ class Policy:
         sums = torch.zeros(4, dtype=torch.float64, device=dev)  # loss, clip_frac, ratio_mean, kl_mean
         row_kl = torch.zeros(tokens.shape[0], dtype=torch.float32, device=dev)
         row_kl1 = torch.zeros_like(row_kl)
+        seq_log_ratio = torch.zeros_like(row_kl) if ess_lr else None  # log pi_theta(y) - log mu(y) per row
         mb = a.micro_batch
         n_micro = self._micro_batches(tokens.shape[0])
         silent = self._silent(adv, resp, ref_logp, n_micro)
@@ -289,6 +303,8 @@ class Policy:
             count = m.sum(1).clamp_min(1.0)
             row_kl[sl] = ((torch.expm1(d) - d) * m).sum(1) / count
             row_kl1[sl] = -(d * m).sum(1) / count
+            if seq_log_ratio is not None:
+                seq_log_ratio[sl] = ((st["logp"].detach() - behaviour[sl, 1:n]) * m).sum(1)
         if self.loss_scale is not None:
             self.loss_scale.unscale_(self.net.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), a.grad_clip)
@@ -304,8 +320,19 @@ class Policy:
             raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
         else:
             step = True
+        ess = None
+        if seq_log_ratio is not None:
+            ess = self._ess_fraction(seq_log_ratio, resp.any(1))
+            lr_scale = lr_scale * math.sqrt(ess)
         if step:
-            self.opt.step()
+            scaled = [g["lr"] for g in self.opt.param_groups]
+            for g in self.opt.param_groups:
+                g["lr"] *= lr_scale
+            try:
+                self.opt.step()
+            finally:
+                for g, lr in zip(self.opt.param_groups, scaled):
+                    g["lr"] = lr
             self.sched.step()
         else:
             self.opt.zero_grad(set_to_none=True)
@@ -314,6 +341,17 @@ class Policy:
                 t[order] = t.clone()
         return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
                 "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1,
+                "lr_scale": lr_scale, **({"ess": ess} if ess is not None else {}),
                 **({"logp": old_logp} if own else {})}
+
+    def _ess_fraction(self, log_ratio: torch.Tensor, rows: torch.Tensor) -> float:
+        """ESS / N of importance ratios exp(`log_ratio`) (R,) over the `rows` (R,) bool that have
+        response tokens, on all ranks: (sum w)^2 / (N sum w^2), in (0, 1], computed with the
+        largest log-ratio subtracted so that no ratio overflows."""
+        x = log_ratio.double().masked_fill(~rows, -math.inf)
+        top = self.dist.max(x.max().reshape(1) if x.numel() else x.new_full((1,), -math.inf))[0]
+        w = torch.exp(x - top) if math.isfinite(top) else torch.zeros_like(x)  # no row on any rank: ESS 1
+        s = self.dist.sum(torch.stack([w.sum(), (w * w).sum(), rows.sum().double()]))
+        return float(s[0] ** 2 / (s[1] * s[2])) if s[2] > 0 else 1.0
 
 # ------------------------------------------------------------------------- warm start (SFT)

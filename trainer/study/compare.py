@@ -52,6 +52,7 @@ ARMS = {
     "stale-gate": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "gate", "algo.max_age": "MAX_AGE"},
     "stale-is": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "is"},
     "stale-decay": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "decay"},
+    "stale-ess": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "ess"},
 }
 # The env-step budget of a comparison on the CPU presets, where the preset's own iterations are
 # not the comparison's; any other preset (the GPU presets, the paper's settings) defaults to its

@@ -49,7 +49,7 @@ def test_a_run_from_before_the_staleness_option_resumes_with_its_old_behaviour(t
     old = tmp_path / "old.yaml"
     old.write_text("rollout:\n  lag: 1\nalgo:\n  mode: freshper\n")
     assert C.load("tiny", str(old), run_config=True).algo.staleness == "none"
-    assert C.load("tiny", str(old)).algo.staleness == "decay", "a --config file is not a run's: the default"
+    assert C.load("tiny", str(old)).algo.staleness == "is", "a --config file is not a run's: the default"
     new = tmp_path / "new.yaml"
-    new.write_text("rollout:\n  lag: 1\nalgo:\n  staleness: is\n")
-    assert C.load("tiny", str(new), run_config=True).algo.staleness == "is"
+    new.write_text("rollout:\n  lag: 1\nalgo:\n  staleness: decay\n")
+    assert C.load("tiny", str(new), run_config=True).algo.staleness == "decay"
