@@ -482,6 +482,7 @@ class Trainer:
                          "replay_kl": stats[3], "replay_kl_k1": stats[4], "replay_singleton_frac": stats[5],
                          "replay_adv_nonzero_frac": stats[6], "replay_loss": st["loss"],
                          "replay_clip_frac": st["clip_frac"], "replay_ratio_mean": st["ratio_mean"],
+                         "replay_grad_norm": st["grad_norm"],  # before the clip, as grad_norm is
                          "replay_rows": per_row.shape[0]})
         out = {n: sum(r[n] for r in rows) / len(rows) for n in rows[0]}
         out["replay_age_max"] = max(r["replay_age_max"] for r in rows)
