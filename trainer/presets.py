@@ -70,7 +70,7 @@ PRESETS: dict[str, dict] = {
                           "eval.every": 15, "eval.episodes": 32, "eval.samples": 4, "eval.temperature": 1.0,
                           "train.iterations": 15, "algo.tau": 17.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
                           "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
-    # The pre-registered study's setting (RESULTS.md, "Pre-registered study"): SmolLM2 on one-digit
+    # The pre-registered study's setting (results/study-multiply/REGISTRATION.md): SmolLM2 on one-digit
     # multiplication, 30% of the problems held out by content (validation: those 31, 4 replies
     # each), 2 problems x 8 replies per iteration, lr 2e-5, at which replayed data is off-policy
     # within the run (the pilot's PER: 0.18 nats/token of KL(mu || pi) over its last 10
@@ -98,11 +98,11 @@ PRESETS: dict[str, dict] = {
                              "eval.batch": 8, "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                              "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
                              "algo.warmup_steps": 0},
-    # SmolLM2 plays FrozenLake: the game study's setting (RESULTS.md, "Pre-registered study: FreshPER
-    # on FrozenLake"). 3x3 boards with the start and goal in the corners and 6 moves, where a policy
-    # that moves Down or Right without reading the board already pays (4x4 random maps were not
-    # learned); validation on boards held out by content. Every run loads one warm start: 3
-    # supervised steps on a solver's moves drawn with seed 100 (random valid moves left every
+    # SmolLM2 plays FrozenLake: the game study's setting (results/study-frozenlake/REGISTRATION.md).
+    # 3x3 boards with the start and goal in the corners and 6 moves, where a policy that moves Down
+    # or Right without reading the board already pays (4x4 random maps were not learned);
+    # validation on boards held out by content. Every run loads one warm start: 3 supervised steps
+    # on a solver's moves drawn with seed 100 (random valid moves left every
     # early group without a success). No KL penalty, as the authors' FrozenLake config; lr 5e-5,
     # at which replayed data goes measurably off-policy (pilot 8: 0.072 nats/token). tau = 64 is
     # freshper-auto's rule 1/(2r) on pilot 8's drift. 12 iterations are about 560 env steps.
