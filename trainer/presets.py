@@ -60,7 +60,7 @@ PRESETS: dict[str, dict] = {
     # A real pretrained LLM on the CPU: SmolLM2-135M-Instruct (trainer/model/pretrained.py), one-digit
     # addition in the authors' math prompt. Scored by the last number of the reply: the authors'
     # rule (math-verify over the whole reply) credits restating the question, which is most of
-    # the untrained model's score on this task (measured: RESULTS.md, "Where SmolLM2 starts").
+    # the untrained model's score on this task (measured: results/HISTORY.md, "Where SmolLM2 starts").
     # lr 1e-5: the policy drifts 0.03 nats/token per iteration of age, so tau = 1 / (2 * 0.03) = 17
     # iterations (trainer/train/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
     "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1,
@@ -89,7 +89,8 @@ PRESETS: dict[str, dict] = {
     # SmolLM2 plays Sokoban-simple (6x6, one box) on a CPU: a format warm start on random valid
     # moves, then RL; validation on boards training never draws (env.held_out, by content), 8
     # states at a time (eval.batch: its peak 2.5 GB instead of 6.7, BENCHMARKS.md). The turn
-    # limit, budget and learning rate come from the pilot (RESULTS.md, "Sokoban study").
+    # limit, budget and learning rate come from the pilot (results/PILOTS.md, "Sokoban-simple with
+    # SmolLM2: the first pilot").
     "smollm2-135m-sokoban": {**_SOKOBAN_SIMPLE, "model.path": "smollm2-135m", "env.max_turns": 5,
                              "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                              "rollout.episodes": 8, "rollout.group_size": 4, "algo.replay_batch": 8,
