@@ -8,7 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "RESULTS.md", "BENCHMARKS.md", "results/HISTORY.md", "results/PILOTS.md",
-         "results/benchmarks/HISTORY.md"]
+         "results/benchmarks/HISTORY.md",
+         *(f"results/study-{s}/README.md" for s in ("multiply", "frozenlake", "precision-cpu", "staleness"))]
 HASH7 = re.compile(r"(?<![0-9a-zA-Z_/.-])([0-9a-f]{7})(?![0-9a-zA-Z_-])")
 HEAD = """# Commits the figures name
 

@@ -1,6 +1,8 @@
 """mkdocs hooks: the site takes RESULTS.md and BENCHMARKS.md from the repository's top level (they
-stay where a reader of the checkout looks for them), with the figures they show, and writes the
-configuration reference from the config dataclasses, so it cannot drift from the code."""
+stay where a reader of the checkout looks for them), with the figures they show and the pages of
+results/ they link (the history, the pilots, each pre-registered study's registration and runs),
+and writes the configuration reference from the config dataclasses, so it cannot drift from the
+code."""
 from __future__ import annotations
 
 import re
@@ -12,7 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "history.md": "results/HISTORY.md",
        "pilots.md": "results/PILOTS.md",
        "multiply-secondaries.md": "results/compare-study-multiply/secondaries.md",
-       "frozenlake-secondaries.md": "results/compare-study-frozenlake/secondaries.md"}
+       "frozenlake-secondaries.md": "results/compare-study-frozenlake/secondaries.md",
+       **{f"{name}-{page}.md": f"results/study-{folder}/{file}"  # each pre-registered study's folder
+          for name, folder in (("staleness", "staleness"), ("precision", "precision-cpu"),
+                               ("frozenlake", "frozenlake"), ("multiply", "multiply"))
+          for page, file in (("registration", "REGISTRATION.md"), ("study", "README.md"))}}
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
 

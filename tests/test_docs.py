@@ -18,17 +18,19 @@ from freshper.trainer.study import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Each pre-registered study's folder: its registration (REGISTRATION.md, frozen) and its runs' record (README.md).
+STUDIES = [ROOT / "results" / f"study-{name}" for name in ("multiply", "frozenlake", "precision-cpu", "staleness")]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 INDENTED = re.compile(r"(?:^|\n\n)((?:    [^\n]*\n?)+)")  # a Markdown code block by indentation
 
 
 def blocks(langs):
     out = []
-    for p in PAGES:
+    for p in PAGES + [study / "REGISTRATION.md" for study in STUDIES]:  # a registration's command must run
         text = p.read_text(encoding="utf-8")
         out += [(f"{p.relative_to(ROOT)}:{i}", code) for i, (lang, code) in enumerate(FENCE.findall(text))
                 if lang in langs]
-        if "" in langs:  # the indented blocks too (RESULTS.md writes its commands so)
+        if "" in langs:  # the indented blocks too (the registrations write their commands so)
             bare = FENCE.sub("", text)
             out += [(f"{p.relative_to(ROOT)}:indented{i}", "\n".join(line[4:] for line in block.splitlines()))
                     for i, block in enumerate(INDENTED.findall(bare))]
@@ -175,7 +177,8 @@ def test_the_preset_table_names_every_preset():
 
 
 LINKED = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", ROOT / "results" / "HISTORY.md",
-          ROOT / "results" / "benchmarks" / "HISTORY.md", *sorted((ROOT / "docs").glob("*.md"))]
+          ROOT / "results" / "benchmarks" / "HISTORY.md", *[study / "README.md" for study in STUDIES],
+          *sorted((ROOT / "docs").glob("*.md"))]
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -190,7 +193,8 @@ def test_every_relative_link_resolves_in_the_repository(page):
 
 
 # Words about how the project was made, not about what it is: a reader needs the fact ("never
-# run on a GPU"), not its history. RESULTS.md's registration text is frozen and keeps its words.
+# run on a GPU"), not its history. The registrations (results/study-*/REGISTRATION.md) are frozen
+# and keep their words.
 PROCESS = re.compile(r"\B#\d{2,}\b|\bthe issue\b|\bissue's\b|\bissues\b|\btoday\b|\bthis round\b|\bround's\b"
                      r"|\bsessions?\b|has been lent|been available to this project", re.I)
 REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users would do instead.*?"
@@ -198,18 +202,19 @@ REGISTRATION = re.compile(r"## Pre-registered study: FreshPER against what users
 
 
 # Each study's registration as committed before its runs (bd7f183, 19057d7, and the precision
-# and staleness studies' registering commits), by its SHA-256:
-# a registration may not change once a run has started, so an edit to any fails here.
+# and staleness studies' registering commits), by its SHA-256, with the file that holds it (moved
+# there from RESULTS.md byte for byte): a registration may not change once a run has started, so
+# an edit to any fails here, and so does anything added to its file.
 REGISTRATIONS = {
-    "ce1155395655a3c11a0db26a0350e807bbe68f4601f9a74bcee42ac548e4c004": REGISTRATION,
-    "09f530c6d3acd687592e26b311b508467d4a0de2c8ccd0a45347230a54323ad8": re.compile(
-        r"## Pre-registered study: FreshPER on FrozenLake\n.*?no readout is taken before\.", re.S),
-    "48c772b633ce8ea1d8e1575d307e44e8263c4b7d3630014e9176fcfffa09d0b8": re.compile(
+    "ce1155395655a3c11a0db26a0350e807bbe68f4601f9a74bcee42ac548e4c004": ("multiply", REGISTRATION),
+    "09f530c6d3acd687592e26b311b508467d4a0de2c8ccd0a45347230a54323ad8": ("frozenlake", re.compile(
+        r"## Pre-registered study: FreshPER on FrozenLake\n.*?no readout is taken before\.", re.S)),
+    "48c772b633ce8ea1d8e1575d307e44e8263c4b7d3630014e9176fcfffa09d0b8": ("precision-cpu", re.compile(
         r"## Pre-registered study: bf16 against float32 on the CPU\n.*?\(End of the registration\. What follows is "
-        r"added as the runs come in\.\)", re.S),
-    "dfda9d01a158aedfb16dd962669235af6b0e61a121a68b4612ca189f668cb843": re.compile(
+        r"added as the runs come in\.\)", re.S)),
+    "dfda9d01a158aedfb16dd962669235af6b0e61a121a68b4612ca189f668cb843": ("staleness", re.compile(
         r"## Pre-registered study: keep stale rollouts or drop them\n.*?\(End of the registration\. What follows "
-        r"is added as the runs come in\.\)", re.S),
+        r"is added as the runs come in\.\)", re.S)),
 }
 
 
@@ -217,16 +222,17 @@ REGISTRATIONS = {
 def test_the_registrations_are_as_committed_before_their_runs(digest):
     import hashlib
 
-    found = REGISTRATIONS[digest].search((ROOT / "RESULTS.md").read_text(encoding="utf-8"))
+    name, pattern = REGISTRATIONS[digest]
+    text = (ROOT / "results" / f"study-{name}" / "REGISTRATION.md").read_text(encoding="utf-8")
+    found = pattern.search(text)
     assert found is not None
     assert hashlib.sha256(found.group(0).encode()).hexdigest() == digest
+    assert text == found.group(0) + "\n", "the file holds the registration and nothing else"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_pages_say_what_is_not_how_it_was_made(page):
     text = page.read_text(encoding="utf-8")
-    if page.name == "RESULTS.md":
-        text = REGISTRATION.sub("", text, count=1)
     found = sorted({m.group(0) for m in PROCESS.finditer(text)})
     assert found == []
 

@@ -60,7 +60,7 @@ PRESETS: dict[str, dict] = {
     # A real pretrained LLM on the CPU: SmolLM2-135M-Instruct (trainer/model/pretrained.py), one-digit
     # addition in the authors' math prompt. Scored by the last number of the reply: the authors'
     # rule (math-verify over the whole reply) credits restating the question, which is most of
-    # the untrained model's score on this task (measured: RESULTS.md, "Where SmolLM2 starts").
+    # the untrained model's score on this task (measured: results/HISTORY.md, "Where SmolLM2 starts").
     # lr 1e-5: the policy drifts 0.03 nats/token per iteration of age, so tau = 1 / (2 * 0.03) = 17
     # iterations (trainer/train/drift.py's rule); 15 iterations fit in 10 minutes on 2 cores.
     "smollm2-135m-math": {"model.path": "smollm2-135m", "env.name": "math", "env.digits": 1,
@@ -70,7 +70,7 @@ PRESETS: dict[str, dict] = {
                           "eval.every": 15, "eval.episodes": 32, "eval.samples": 4, "eval.temperature": 1.0,
                           "train.iterations": 15, "algo.tau": 17.0, "algo.adv_clip": 0.0, "algo.lr": 1e-5,
                           "algo.lr_schedule": "constant", "algo.warmup_steps": 0},
-    # The pre-registered study's setting (RESULTS.md, "Pre-registered study"): SmolLM2 on one-digit
+    # The pre-registered study's setting (results/study-multiply/REGISTRATION.md): SmolLM2 on one-digit
     # multiplication, 30% of the problems held out by content (validation: those 31, 4 replies
     # each), 2 problems x 8 replies per iteration, lr 2e-5, at which replayed data is off-policy
     # within the run (the pilot's PER: 0.18 nats/token of KL(mu || pi) over its last 10
@@ -89,7 +89,8 @@ PRESETS: dict[str, dict] = {
     # SmolLM2 plays Sokoban-simple (6x6, one box) on a CPU: a format warm start on random valid
     # moves, then RL; validation on boards training never draws (env.held_out, by content), 8
     # states at a time (eval.batch: its peak 2.5 GB instead of 6.7, BENCHMARKS.md). The turn
-    # limit, budget and learning rate come from the pilot (RESULTS.md, "Sokoban study").
+    # limit, budget and learning rate come from the pilot (results/PILOTS.md, "Sokoban-simple with
+    # SmolLM2: the first pilot").
     "smollm2-135m-sokoban": {**_SOKOBAN_SIMPLE, "model.path": "smollm2-135m", "env.max_turns": 5,
                              "env.held_out": 0.3, "rollout.max_new_tokens": 16, "rollout.max_len": 768,
                              "rollout.episodes": 8, "rollout.group_size": 4, "algo.replay_batch": 8,
@@ -98,11 +99,11 @@ PRESETS: dict[str, dict] = {
                              "eval.batch": 8, "train.iterations": 30, "train.sft_steps": 6, "train.sft_lr": 1e-4,
                              "algo.adv_clip": 0.0, "algo.lr": 2e-5, "algo.lr_schedule": "constant",
                              "algo.warmup_steps": 0},
-    # SmolLM2 plays FrozenLake: the game study's setting (RESULTS.md, "Pre-registered study: FreshPER
-    # on FrozenLake"). 3x3 boards with the start and goal in the corners and 6 moves, where a policy
-    # that moves Down or Right without reading the board already pays (4x4 random maps were not
-    # learned); validation on boards held out by content. Every run loads one warm start: 3
-    # supervised steps on a solver's moves drawn with seed 100 (random valid moves left every
+    # SmolLM2 plays FrozenLake: the game study's setting (results/study-frozenlake/REGISTRATION.md).
+    # 3x3 boards with the start and goal in the corners and 6 moves, where a policy that moves Down
+    # or Right without reading the board already pays (4x4 random maps were not learned);
+    # validation on boards held out by content. Every run loads one warm start: 3 supervised steps
+    # on a solver's moves drawn with seed 100 (random valid moves left every
     # early group without a success). No KL penalty, as the authors' FrozenLake config; lr 5e-5,
     # at which replayed data goes measurably off-policy (pilot 8: 0.072 nats/token). tau = 64 is
     # freshper-auto's rule 1/(2r) on pilot 8's drift. 12 iterations are about 560 env steps.

@@ -1,5 +1,5 @@
-"""Figures RESULTS.md gives beside the game study's registered readouts, written after the readout
-(not registered): the primary contrast's paired SD and the power it implies at 0.15, whether each
+"""Figures the game study's record (results/study-frozenlake/README.md, secondaries.md) gives
+beside its registered readouts, written after the readout (not registered): the primary contrast's paired SD and the power it implies at 0.15, whether each
 control run ended above its seed's iteration-0 validation, and the runs that ended at 0 (training
 success in their last 3 iterations, valid-move share in their last one).
 

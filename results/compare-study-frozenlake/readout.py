@@ -1,6 +1,6 @@
-"""The game study's registered readouts (RESULTS.md, "Pre-registered study: FreshPER on
-FrozenLake"), recomputed from the runs' metrics.jsonl alone, apart from `freshper compare`'s code.
-Written before any study run had finished.
+"""The game study's registered readouts (results/study-frozenlake/REGISTRATION.md, "Pre-registered
+study: FreshPER on FrozenLake"), recomputed from the runs' metrics.jsonl alone, apart from
+`freshper compare`'s code. Written before any study run had finished.
 
 - Primary: final validation success (`final_eval_success`: 32 held-out states x 2 replies after
   the last iteration), freshper-group minus the control, paired by seed, mean and 95% t-interval

@@ -2,7 +2,8 @@
 `freshper compare`'s code: each run's final validation avg@4 (`final_eval_success`, all 31
 held-out problems x 4 replies after the last iteration), paired by seed, mean difference and its
 95% t-interval (scipy's t quantile, not trainer/intervals.py's table), and the reading rule of
-RESULTS.md applied to each contrast it names. Then, for RESULTS.md's description, each arm's mean
+the registration (results/study-multiply/REGISTRATION.md) applied to each contrast it names. Then, for
+the result's description (RESULTS.md, results/study-multiply/README.md), each arm's mean
 validation by iteration and its median run time.
 
     python results/compare-study-multiply/readout.py [FOLDER]   (default: this file's folder;

@@ -1,4 +1,5 @@
-"""Did staleness arise? The pre-registration's two criteria (RESULTS.md, "Did staleness arise?"),
+"""Did staleness arise? The pre-registration's two criteria (results/study-multiply/REGISTRATION.md,
+"Did staleness arise?"),
 from each replay run's metrics.jsonl: the mean replayed age and the mean per-token KL(mu || pi)
 of replayed trajectories (k3) over the run's last 10 iterations, and the run's drift time
 1/(2r) from its KL-by-age line (trainer/replay_stats.replay_summary, as freshper compare's table).

@@ -1,5 +1,5 @@
-"""The registered readout of RESULTS.md's "Pre-registered study: bf16 against float32 on the
-CPU", from the runs' metrics alone:
+"""The registered readout of "Pre-registered study: bf16 against float32 on the CPU"
+(REGISTRATION.md), from the runs' metrics alone:
 
     python results/study-precision-cpu/readout.py
 

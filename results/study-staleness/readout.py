@@ -1,5 +1,5 @@
-"""The registered readout of RESULTS.md's "Pre-registered study: keep stale rollouts or drop them",
-from the runs' metrics alone:
+"""The registered readout of "Pre-registered study: keep stale rollouts or drop them"
+(REGISTRATION.md), from the runs' metrics alone:
 
     python results/study-staleness/readout.py
 
