@@ -222,3 +222,19 @@ def test_bench_replay_cuda_only_skips_the_cpu_baselines(monkeypatch, capsys):
     calls.clear()
     bench_replay.main(["--capacities", "1e4", "--steps", "5"])
     assert "cpprb" in calls and "torchrl" in calls
+
+
+def test_bench_async_leaves_out_the_first_skip_iterations():
+    """`--skip K` leaves out iterations 0..K-1 (the worker's start and head start): the episodes of
+    iteration K are its own (counted from row K-1's total), not all episodes so far. Fails with the
+    deltas counted from row 0 (checked once)."""
+    from freshper.profiling import bench_async
+
+    rows = [{"episodes": 4 * (i + 1), "batch_age": min(i, 2), "time_rollout": 1.0 + i, "time_onpolicy_update": 1.0}
+            for i in range(6)]
+    got = bench_async.summary(rows, 3)
+    assert got["episodes"] == [4, 4, 4] and got["seconds"] == [5.0, 6.0, 7.0] and got["age"] == [2, 2, 2]
+    assert bench_async.per_second(got) == 4 / 6.0
+    assert bench_async.summary(rows)["episodes"] == [4] * 5
+    with pytest.raises(SystemExit):
+        bench_async.main(["--iterations", "3", "--skip", "3"])
