@@ -23,7 +23,9 @@ the two backward GEMMs. With `logits_dtype=torch.float32` GEMM 1 keeps its float
 instead of rounding the logits (cuBLAS's out_dtype: the same FLOPs, twice the buffer's bytes; on
 the CPU an exact upcast and a float32 GEMM), and the row kernel's store rounds the gradient to
 the operands' dtype itself: on CUDA into the float32 buffer's own memory
-(logit_rows.grad_buffer), so there is no cast pass and nothing is allocated per chunk. Chunks
+(logit_rows.grad_buffer), so there is no cast pass and nothing is allocated per chunk. Where the
+installed torch's mm or addmm cannot write float32 (probed, not read from its version), GEMMs 1
+and 3 take another path (`logits32_path`, LOGITS32_PATHS), which callers can name. Chunks
 are sized in tokens (`default_chunk`), the same for both logits dtypes. A bf16 logit is off by
 up to half a bf16 spacing, 0.06 nats at |z| = 16, and that rounding doubles the log-prob gap
 between an engine's decode and the trainer's forward at one set of weights
@@ -46,7 +48,7 @@ from .logit_rows import grad_buffer, rows
 from .policy_loss import _STATS, _row_coef, check_inputs, loss_and_grad
 from .token_terms import token_terms
 
-_OUT_DTYPE: dict[tuple, bool] = {}  # (op, device type, operand dtype) -> whether out_dtype=float32 runs
+_OUT_DTYPE: dict[tuple, bool] = {}  # (op, device type, operand dtype) -> whether out_dtype=float32 runs, unrounded
 # Chunks are sized in tokens, whatever the logits' dtype: (at least this many tokens, and more
 # while the chunk's logits number at most this many). On a GPU the chunk's rows are GEMM 2's
 # output tiles and the times W and the weight gradient are streamed, so 1,024 tokens at
@@ -71,36 +73,78 @@ def default_chunk(n_tokens: int, vocab: int, device: str | torch.device = "cuda"
 
 def has_out_dtype(op: str, device: str | torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether `torch.<op>` ("mm" or "addmm") with operands in `dtype`, out_dtype=torch.float32 and a
-    float32 `out=` runs on `device`'s type (cuBLAS has it; torch's CPU build does not). Probed
-    once per (op, device type, dtype) on 2x2 tensors: each op on its own, since a build may have one and
-    not the other, and never by catching the real call's error, which would read an
-    out-of-memory error as "unsupported" and fall back, for good, to a path needing more memory."""
+    float32 `out=` runs on `device`'s type and keeps the float32 sum (cuBLAS does; torch's CPU build
+    has neither op). Probed once per (op, device type, dtype) on 2x2 tensors whose float32 result,
+    1 + 2**-12, rounds to 1 in bf16 and fp16, so a call that runs but rounds reads as unsupported,
+    as one that raises does. Each op on its own, since a build may have one and not the other
+    (torch 2.8-2.9: mm but not addmm into a float32 accumulator), and never by catching the real
+    call's error, which would read an out-of-memory error as "unsupported" and fall back, for
+    good, to a path needing more memory. On the meta device (no values) running is enough."""
     if op not in ("mm", "addmm"):
         raise ValueError(f"op must be 'mm' or 'addmm', got {op!r}")
     device = torch.device(device)
     key = (op, device.type, dtype)
     if key not in _OUT_DTYPE:
-        a = torch.ones(2, 2, dtype=dtype, device=device)
-        out = torch.zeros(2, 2, dtype=torch.float32, device=device)
+        small = 2.0 ** -12  # exact in bf16 and fp16, and 1 + small is not: a rounded sum gives 1
+        # mm: row 0 of a @ ones is 1 + small; addmm: 1 (the accumulator) + small
+        a = torch.tensor([[1.0 if op == "mm" else 0.0, small], [0.0, 0.0]], dtype=dtype, device=device)
+        b = torch.ones(2, 2, dtype=dtype, device=device)
+        out = torch.full((2, 2), 0.0 if op == "mm" else 1.0, dtype=torch.float32, device=device)
         try:
             if op == "mm":
-                torch.mm(a, a, out_dtype=torch.float32, out=out)
+                torch.mm(a, b, out_dtype=torch.float32, out=out)
             else:
-                torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
-            _OUT_DTYPE[key] = True
+                torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+            _OUT_DTYPE[key] = device.type == "meta" or float(out[0, 0]) == 1.0 + small
         except (RuntimeError, TypeError):  # NotImplementedError is a RuntimeError; TypeError: no such keyword
             _OUT_DTYPE[key] = False
     return _OUT_DTYPE[key]
 
 
+# The float32-logits paths, chosen by what this torch's mm and addmm do (has_out_dtype), not by its
+# version. The versions are what torch's release notes and issues say (mm's out_dtype from 2.8;
+# addmm into a float32 `self` from 2.10, pytorch#167931), never run here: this machine's CPU build
+# has neither op.
+LOGITS32_PATHS = {
+    "out_dtype": "GEMM 1 writes float32 logits and GEMM 3 sums the weight gradient in float32 "
+                 "(cuBLAS's out_dtype for mm and addmm, as designed: torch 2.10 and later on CUDA)",
+    "out_dtype-mm": "GEMM 1 writes float32 logits; addmm has no float32 accumulator here, so the weight "
+                    "gradient is summed in the operands' dtype, rounded once a chunk, as with bf16 logits "
+                    "(torch 2.8-2.9 on CUDA)",
+    "upcast": "no out_dtype: the head weight is copied to float32 once a call, each chunk's hidden states "
+              "a chunk, and GEMM 1 runs in float32; the weight gradient is summed in the operands' dtype "
+              "(the CPU's path; torch before 2.8 on CUDA, where a float32 GEMM runs at a fraction of "
+              "bf16's rate: predicted about 2x eager's time, never measured)",
+}
+
+
+def logits32_path(device: str | torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Which LOGITS32_PATHS key GEMMs 1 and 3 take for float32 logits from `dtype` operands on
+    `device`'s type: "out_dtype" where mm and addmm both write float32, "out_dtype-mm" where
+    only mm does, else "upcast"."""
+    if not has_out_dtype("mm", device, dtype):
+        return "upcast"
+    return "out_dtype" if has_out_dtype("addmm", device, dtype) else "out_dtype-mm"
+
+
+def slower_than_eager(path: str, device: str | torch.device) -> bool:
+    """Whether `path` is expected to make the loss slower than eager autograd on `device`: the
+    upcast on an accelerator, whose float32 GEMM (without TF32) runs at a fraction of its bf16
+    rate. On the CPU the upcast is the designed path (a float32 head GEMM: float32 logits cost the
+    default job's update 1.11x rounded logits' time there, BENCHMARKS.md)."""
+    if path not in LOGITS32_PATHS:
+        raise ValueError(f"path must be one of {sorted(LOGITS32_PATHS)}, got {path!r}")
+    return path == "upcast" and torch.device(device).type not in ("cpu", "meta")
+
+
 def default_accum(logits_dtype: torch.dtype, dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
     """grad_weight's accumulator when the caller names none: float32 for float32 logits from
-    lower-precision operands where GEMM 3 can write float32 itself (cuBLAS's out_dtype: the
-    same GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands'
-    dtype. Where that GEMM is missing (torch's CPU build) float32 sums would cost an upcast
-    of each chunk's gradient and a float32 GEMM (2.5x bf16's addmm on one Xeon core at H
-    576, V 49,152), so they are left to accum_dtype=torch.float32."""
-    if logits_dtype == torch.float32 and dtype != torch.float32 and has_out_dtype("addmm", device, dtype):
+    lower-precision operands on the "out_dtype" path (GEMM 3 writes float32 itself: the same
+    GEMM, rounded once at the end as eager's is, for 4 V H bytes), else the operands' dtype.
+    Elsewhere float32 sums would cost an upcast of each chunk's gradient and a float32 GEMM
+    (2.5x bf16's addmm on one Xeon core at H 576, V 49,152), so they are left to
+    accum_dtype=torch.float32."""
+    if logits_dtype == torch.float32 and dtype != torch.float32 and logits32_path(device, dtype) == "out_dtype":
         return torch.float32
     return dtype
 
@@ -126,7 +170,7 @@ class LogitsGemm:
         w = self.weight
         if out.dtype == h.dtype:
             return torch.mm(h, w.T, out=out)
-        if has_out_dtype("mm", h.device, h.dtype):
+        if logits32_path(h.device, h.dtype) != "upcast":
             return torch.mm(h, w.T, out_dtype=out.dtype, out=out)
         if self.up is None:
             self.up = w.to(out.dtype)

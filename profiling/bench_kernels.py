@@ -138,8 +138,10 @@ def bench_cuda(quick: bool, part: str = "all"):
         results.update(_sampler_and_policy_rows(quick))
     shapes = _loss_shapes(quick)
     if part in ("all", "loss"):
+        from freshper.profiling.loss_profile import path_line, profile_fused, split, table
+
+        print(path_line("cuda"), flush=True)  # which float32-logits path the rows below time
         results.update(_fused_rows(shapes))
-        from freshper.profiling.loss_profile import profile_fused, split, table
 
         B, T, H, V = shapes[0]
         prof, _ = profile_fused(B * T, H, V, "cuda")

@@ -9,27 +9,34 @@
 #                                                # image lacks (TRL and its datasets, Liger-Kernel,
 #                                                # Cut Cross-Entropy, gymnasium), into .whl/
 #   bash profiling/gpu_check.sh                  # on an H100 / H200 with torch + triton (3.6 or newer)
-#   bash profiling/gpu_check.sh --dry-run        # on the CPU: the order and budgets, the preamble and
-#                                                # a small loss profile for real, the rest echoed
+#   bash profiling/gpu_check.sh --dry-run        # on the CPU: the order and budgets, the preamble, a
+#                                                # small loss profile and the asynchronous step's
+#                                                # tiny runs for real, the rest echoed
 # .whl/ is git-ignored: a device call that copies the working tree must name it in its carry list
 # (the run tool's `carry: [".whl"]`), or the wheels step is skipped and Liger, CCE, TRL and the
 # smoke runs report "not installed".
 # Order: the essential rows (the kernel tests with -v, our fused loss with bf16 and float32 logits
-# against eager and a profile splitting its GEMM time from its row-kernel time, the replay buffer's
-# step), then the carried wheels, the buffer's CUDA tests, Liger's and CCE's loss beside ours, and,
-# while time is left, one GRPO iteration against TRL, the smoke run, a short Nsight session through
-# `freshper profile`, and the vision smoke run.
+# against eager, the float32-logits path this torch takes, and a profile splitting its GEMM time
+# from its row-kernel time, the replay buffer's step), then the carried wheels, the buffer's CUDA
+# tests, Liger's and CCE's loss beside ours, and, while time is left, asynchronous generation
+# against synchronous on this GPU, one GRPO iteration against TRL, the smoke run, a short Nsight
+# session through `freshper profile`, and the vision smoke run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Seconds per step. Every step, the preamble included, runs under `timeout -k $GRACE`.
+# Seconds per step. Every step, the preamble included, runs under `timeout -k $GRACE`. Measured on
+# the one GPU run (H200, 2026-12-04, results/gpu-check-2026-12-04/): preamble 4 s, install 2 s, the
+# smoke run 67 s; the kernel and buffer tests 61 s together, bench_kernels 29 s and bench_replay
+# 9 s in older forms. Every budget in UNMEASURED is an estimate: never run on a GPU in its form.
 declare -A BUDGETS=([preamble]=8 [install]=20 [kernel-tests]=55 [loss]=30 [buffer-step]=20
                     [wheels]=25 [buffer-tests]=40 [baselines]=60
-                    [bench_trl]=90 [train-smoke]=70 [nsight]=60 [vlm-smoke]=60)
+                    [async]=100 [bench_trl]=90 [train-smoke]=70 [nsight]=60 [vlm-smoke]=60)
+UNMEASURED="kernel-tests loss buffer-step wheels buffer-tests baselines async bench_trl nsight vlm-smoke"
 # The steps whose rows matter most, run first, in this order: worst case <= ESSENTIAL_BY seconds.
 ESSENTIAL="preamble install kernel-tests loss buffer-step"
 ESSENTIAL_BY=150
-# Steps run only if their budget still fits the worst case when they are reached.
-IF_TIME="bench_trl train-smoke nsight vlm-smoke"
+# Steps run only if their budget still fits the worst case when they are reached: after every
+# other step, so that the others' budgets add up to the worst case on their own.
+IF_TIME="async bench_trl train-smoke nsight vlm-smoke"
 WORST=300
 GRACE=3
 WHEELS="gymnasium==1.4.0 farama-notifications==0.0.4 trl liger-kernel cut-cross-entropy datasets multiprocess dill
@@ -49,7 +56,11 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
 fi
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
-DRY_REAL="preamble loss"  # steps a dry run runs for real (with a CPU-sized loss profile)
+# Steps a dry run runs for real, CPU-sized: the loss profile, and the asynchronous step's runs (tiny
+# batches, a few iterations: its printing and ratio on real runs). On a shared 2-core CPU its three
+# processes took 42 s at a load of 4.5, and twice that at more, so a dry run gives it DRY_BUDGET.
+DRY_REAL="preamble loss async"
+DRY_BUDGET=240
 out=${OUT:-gpu_check}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -64,6 +75,7 @@ step() {
   local name=$1 log=$2
   shift 2
   local budget=${BUDGETS[$name]}
+  [ $DRY = 1 ] && [ "$name" = async ] && budget=$DRY_BUDGET
   echo "== $name (budget ${budget}s, at $(( $(date +%s) - t_start ))s) =="
   local t0 rc
   t0=$(date +%s)
@@ -93,13 +105,16 @@ fits() {  # fits NAME: whether NAME's budget and grace still fit the worst case 
 print_summary() {
   echo
   echo "== summary ($(( $(date +%s) - t_start ))s total) =="
+  echo "budgets never measured on a GPU in their form (estimates): $UNMEASURED"
   cat "$out/env.txt" 2>/dev/null
   echo "| step             | status       | time  |"
   cat "$summary"
   echo
   grep -h -E "[0-9]+ (passed|failed)" "$out/tests.txt" "$out/buffer_tests.txt" 2>/dev/null
   grep -h -E "(FAILED|ERROR)( |$)" "$out/tests.txt" "$out/buffer_tests.txt" 2>/dev/null | head -20
+  grep -h "^fused loss path on " "$out/loss.txt" 2>/dev/null | cut -c1-150  # the whole line is in the step's log
   grep -h -E "^\| [0-9]+x[0-9]+, H=|^\| (GEMMs|row kernel|other|total) " "$out/loss.txt" 2>/dev/null
+  grep -h -E "^round [0-9]+ (async|sync): |^async / sync episodes per second" "$out/async.txt" 2>/dev/null
   grep -h -E "^\| 1e\+0[4-6]" "$out/buffer_step.txt" 2>/dev/null
   grep -h -E "^\| [0-9]+x[0-9]+, H=" "$out/baselines.txt" 2>/dev/null
   grep -h -E "^\| [0-9]+ \| (on|off)" "$out/bench_trl.txt" 2>/dev/null
@@ -177,6 +192,25 @@ step buffer-tests buffer_tests.txt python3 -m pytest -v -p no:cacheprovider -rs 
 # Liger's fused linear GRPO loss and Cut Cross-Entropy beside ours (CCE's time is a floor: it
 # filters gradients).
 step baselines baselines.txt python3 -m freshper.profiling.bench_kernels --quick --part baselines
+
+# Asynchronous generation on a GPU, never run there before: the tiny model built from scratch on
+# one-digit sums (math-cpu: no gymnasium, no data), the trainer and the generation worker sharing
+# this GPU with the HF engine (the worker's weights arrive as CUDA IPC handles), then the same
+# iterations synchronously. Prints each run's episodes per second and every iteration's batch age,
+# then the ratio async / sync over iterations 3..7 (max_lag 2: the worker's head start left out).
+ASYNC_ARGS="--rollout.engine hf --rollout.worker_device auto --train.sft_steps 0 --train.checkpoint_every 100"
+if [ $DRY = 1 ]; then
+  async_run=(--iterations 2 --skip 1 --args "$ASYNC_ARGS --train.device cpu --rollout.episodes 4
+    --rollout.group_size 2 --algo.replay_batch 4 --algo.micro_batch 4")
+else
+  async_run=(--iterations 8 --skip 3 --args "$ASYNC_ARGS --train.device cuda")
+fi
+if fits async; then
+  step async async.txt python3 -m freshper.profiling.bench_async --preset math-cpu --rounds 1 --threads 2 \
+    --max-lag 2 --first async "${async_run[@]}"
+else
+  skip async "its budget no longer fits the ${WORST} s worst case"
+fi
 
 # One GRPO iteration, Qwen2.5-0.5B's architecture with random weights (no hub), replies of 64 tokens, the HF
 # engine on both sides (no vLLM here): ours against TRL's GRPOTrainer, one process each, one after the other.

@@ -7,7 +7,8 @@ torch.profiler, after a warm-up call. On CUDA every kernel's device time is put 
 rows: the cuBLAS GEMMs (logits, d @ W, d^T @ h), the Triton row kernel (`_rows`), and the rest
 (index_select, the scatter back, the stats); a loss that misses its goal then says whether the
 GEMMs or the row kernel did. On the CPU (the dry run) the same split is of the ops' own CPU time:
-mm/addmm against everything else, the torch reference row pass among it.
+mm/addmm against everything else, the torch reference row pass among it. First it prints which
+float32-logits path this torch takes with bf16 operands on the device (`path_line`).
 """
 from __future__ import annotations
 
@@ -82,6 +83,15 @@ def profile_fused(tokens: int, hidden: int, vocab: int, device: str, seed: int =
     return prof, cuda
 
 
+def path_line(device: str) -> str:
+    """One line: the float32-logits path the fused loss takes with bf16 operands on `device` under
+    this torch (probed: freshper.kernels' logits32_path), in the trainer's own words (its log
+    says the same once a run), so that the GPU call's rows say which path they timed."""
+    from freshper.trainer.model.precision import head_path
+
+    return f"fused loss path on {device}, torch {torch.__version__}: {head_path('float32', device, torch.bfloat16)[1]}"
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=4096, help="active tokens (one row)")
@@ -92,6 +102,7 @@ def main(argv=None) -> dict:
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(path_line(device), flush=True)
     prof, cuda = profile_fused(args.tokens, args.hidden, args.vocab, device)
     parts = split(prof, cuda)
     where = "device kernel time" if cuda else "CPU self time (dry run: torch reference)"

@@ -463,11 +463,67 @@ def test_out_dtype_probed_per_op_and_device(monkeypatch):
         mod.has_out_dtype("bmm", "meta")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["mm", "addmm"])
+def test_the_probe_reads_a_call_that_rounds_as_unsupported(op, dtype, monkeypatch):
+    """A torch whose mm or addmm takes out_dtype=float32 but rounds the sum to the operands' dtype
+    (a silent low-precision accumulation) reads as lacking out_dtype; one that keeps the float32
+    sum, as having it. Faked on the CPU, whose build has neither op. Fails with the probe's value
+    check removed (checked once: the rounding fake then reads as supported)."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+
+    def fake(rounds):
+        def gemm(*args, out_dtype=None, out=None):
+            *c, a, b = args
+            r = a.double() @ b.double() + (c[0].double() if c else 0.0)
+            return out.copy_(r.to(a.dtype) if rounds else r)
+        return gemm
+
+    for rounds in (True, False):
+        monkeypatch.setattr(mod, "_OUT_DTYPE", {})
+        monkeypatch.setattr(torch, op, fake(rounds))
+        assert mod.has_out_dtype(op, "cpu", dtype) is not rounds, (op, dtype, rounds)
+
+
+# Each combination of mm's and addmm's out_dtype, and the float32-logits path it must choose.
+CAPABILITIES = [((True, True), "out_dtype"), ((True, False), "out_dtype-mm"), ((False, False), "upcast"),
+                ((False, True), "upcast")]
+
+
+@pytest.mark.parametrize("caps,path", CAPABILITIES)
+def test_the_float32_logits_path_follows_what_torch_supports(caps, path, monkeypatch):
+    """The probe faked for each combination (torch 2.10+ on CUDA; 2.8-2.9, addmm without a float32
+    accumulator; before 2.8 and the CPU): the path's name, whether it is slower than eager, and
+    what the loss then runs on the meta device. GEMM 1 writes float32 itself (mm's dtype_out
+    overload) or runs on a float32 copy of the weight made once a call; GEMM 3 sums into float32
+    (addmm's dtype_out) only on the "out_dtype" path. Fails with GEMM 3 chosen by mm's answer alone
+    (it would ask 2.8-2.9's addmm for out_dtype) and with GEMM 1 ignoring the probe (checked once)."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    have = dict(zip(("mm", "addmm"), caps))
+    monkeypatch.setattr(mod, "has_out_dtype", lambda op, device, dtype=torch.bfloat16: have[op])
+    assert mod.logits32_path("meta") == path == mod.logits32_path("cuda", torch.float16)
+    assert mod.slower_than_eager(path, "cuda") is (path == "upcast")
+    assert not mod.slower_than_eager(path, "cpu")
+    ops, _, (V, H) = _chunk_passes(monkeypatch, torch.float32, overloads=True)
+    gemm1 = [o for o in ops if o[0].startswith("mm.") and o[1][-1] == V]
+    own = path != "upcast"
+    assert [o[0] for o in gemm1] == ["mm.dtype_out" if own else "mm.out"] * 4, gemm1
+    assert {o[2] for o in gemm1} == {torch.float32}
+    weight_up = [o for o in ops if o[0].startswith("_to_copy") and o[1] == (V, H) and o[2] == torch.float32]
+    assert len(weight_up) == (0 if own else 1), weight_up
+    gemm3 = [(o[0], o[2]) for o in ops if o[0].startswith("addmm") and o[1] == (V, H)]
+    want = ("addmm.dtype_out", torch.float32) if path == "out_dtype" else ("addmm.out", torch.bfloat16)
+    assert gemm3 == [want] * 4, gemm3
+    with pytest.raises(ValueError, match="path must be one of"):
+        mod.slower_than_eager("fast", "cuda")
+
+
 # ------------------------------------------------------ float32 logits: no cast pass, float32 sums
-def _chunk_passes(monkeypatch, logits_dtype, share=True, cast=False):
+def _chunk_passes(monkeypatch, logits_dtype, share=True, cast=False, overloads=False):
     """Run forward + backward on the meta device (whose mm and addmm take out_dtype, as cuBLAS's
     do) with the row pass stubbed, and return the (op, shape, dtype) of every tensor the fused
-    op's own code makes: the GEMMs and the glue the CUDA path runs, without its kernel."""
+    op's own code makes: the GEMMs and the glue the CUDA path runs, without its kernel. `overloads`:
+    each op named with its overload ("mm.dtype_out", "mm.out")."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from freshper.kernels.logit_rows import grad_buffer
@@ -494,7 +550,8 @@ def _chunk_passes(monkeypatch, logits_dtype, share=True, cast=False):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if isinstance(out, torch.Tensor):
-                self.ops.append((func.overloadpacket.__name__, tuple(out.shape), out.dtype))
+                name = func.overloadpacket.__name__ + (f".{func._overloadname}" if overloads else "")
+                self.ops.append((name, tuple(out.shape), out.dtype))
             return out
 
     B, T, H, V, chunk = 2, 40, 24, 300, 16

@@ -144,12 +144,17 @@ def test_bench_turns_times_vllm_with_and_without_prefix_caching(monkeypatch, tmp
 
 def test_loss_profile_splits_gemms_from_the_rest(capsys):
     """One fused call on the CPU (the dry run's): one chunk is three head GEMMs, and the parts
-    add up to the total printed."""
+    add up to the total printed; first, the float32-logits path this torch takes."""
+    import torch
+
     from freshper.profiling import loss_profile
 
     parts = loss_profile.main(["--tokens", "48", "--hidden", "16", "--vocab", "700"])
     assert parts["GEMMs"][1] == 3 and parts["GEMMs"][0] > 0 and parts["row kernel"] == [0.0, 0]
     out = capsys.readouterr().out
+    # this torch's CPU build has no out_dtype: the upcast, the CPU's own path, named first
+    assert out.startswith(f"fused loss path on cpu, torch {torch.__version__}: LM head: float32 logits from "
+                          f"bfloat16 operands, path upcast: "), out[:300]
     total = float(re.search(r"^\| total \| ([\d.]+) \|", out, re.M).group(1))
     assert abs(total - sum(ms for ms, _ in parts.values())) < 2e-3
     with pytest.raises(SystemExit):
@@ -191,7 +196,9 @@ def test_bench_kernels_prints_our_loss_rows_before_the_baselines(monkeypatch):
     monkeypatch.setattr(loss_profile, "profile_fused", lambda *a, **k: calls.append("profile") or (None, True))
     monkeypatch.setattr(loss_profile, "split", lambda prof, cuda: {})
     monkeypatch.setattr(loss_profile, "table", lambda parts, what: "")
-    for part, want in (("all", ["sampler", "ours", "profile", "baselines"]), ("loss", ["ours", "profile"]),
+    monkeypatch.setattr(loss_profile, "path_line", lambda device: calls.append("path") or "")
+    for part, want in (("all", ["sampler", "path", "ours", "profile", "baselines"]),
+                       ("loss", ["path", "ours", "profile"]),
                        ("baselines", ["baselines"])):
         calls.clear()
         bench_kernels.bench_cuda(True, part)
@@ -215,3 +222,19 @@ def test_bench_replay_cuda_only_skips_the_cpu_baselines(monkeypatch, capsys):
     calls.clear()
     bench_replay.main(["--capacities", "1e4", "--steps", "5"])
     assert "cpprb" in calls and "torchrl" in calls
+
+
+def test_bench_async_leaves_out_the_first_skip_iterations():
+    """`--skip K` leaves out iterations 0..K-1 (the worker's start and head start): the episodes of
+    iteration K are its own (counted from row K-1's total), not all episodes so far. Fails with the
+    deltas counted from row 0 (checked once)."""
+    from freshper.profiling import bench_async
+
+    rows = [{"episodes": 4 * (i + 1), "batch_age": min(i, 2), "time_rollout": 1.0 + i, "time_onpolicy_update": 1.0}
+            for i in range(6)]
+    got = bench_async.summary(rows, 3)
+    assert got["episodes"] == [4, 4, 4] and got["seconds"] == [5.0, 6.0, 7.0] and got["age"] == [2, 2, 2]
+    assert bench_async.per_second(got) == 4 / 6.0
+    assert bench_async.summary(rows)["episodes"] == [4] * 5
+    with pytest.raises(SystemExit):
+        bench_async.main(["--iterations", "3", "--skip", "3"])

@@ -33,6 +33,7 @@ from .load import full_attention
 from .lora import adapters_off, has_lora
 from .loss_scale import LossScale
 from .precision import compute_dtype as run_compute_dtype
+from .precision import log_head_path
 from .prefix import reply_starts, share_order
 from .sharding import PolicyNet, shard
 
@@ -85,6 +86,7 @@ class Policy:
         self.ref_is_base = a.kl_coef > 0 and has_lora(model)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if a.kl_coef > 0 and not self.ref_is_base else None
         compute = run_compute_dtype(model)
+        log_head_path(cfg.model.logits_dtype, device, compute_dtype if dist.on else compute)  # the path, once a run
         if ref is not None and compute is not None and not dist.on:
             ref.to(compute)  # frozen: no float32 masters (trainer/model/precision.py)
         self.net = PolicyNet(model)

@@ -19,9 +19,12 @@ update, the warm starts, the HF engine) reads the same setting.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import torch
+
+log = logging.getLogger("freshper")
 
 ATTR = "freshper_compute_dtype"
 CPU_BF16_ENV = "FRESHPER_CPU_BF16"  # "1" or "0" overrides cpu_bf16()'s reading of the CPU
@@ -79,6 +82,35 @@ def autocast(model: torch.nn.Module, enabled: bool = True):
         return contextlib.nullcontext()
     device = next(model.parameters()).device
     return torch.autocast(device.type, dtype=dtype)
+
+
+def head_path(logits_dtype: str, device: torch.device | str, compute: torch.dtype | None) -> tuple[int, str] | None:
+    """(logging level, line) saying how the LM head's loss and log-probs run under `compute` with
+    `model.logits_dtype` `logits_dtype` on `device`, or None in float32 (no choice to make). For
+    float32 logits the path is the one the installed torch supports (freshper.kernels'
+    `logits32_path`, probed on `device`'s type); a WARNING where it is expected to be slower than
+    eager, naming the option that avoids it."""
+    if compute is None or compute == torch.float32:
+        return None
+    low = str(compute).removeprefix("torch.")
+    if logits_dtype != "float32":
+        return logging.INFO, f"LM head: logits rounded to {low} (model.logits_dtype {logits_dtype})"
+    from freshper.kernels.fused_linear_policy_loss import LOGITS32_PATHS, logits32_path, slower_than_eager
+
+    path = logits32_path(device, compute)
+    line = f"LM head: float32 logits from {low} operands, path {path}: {LOGITS32_PATHS[path]}"
+    if slower_than_eager(path, device):
+        return logging.WARNING, (line + f"; torch {torch.__version__} has no out_dtype for mm on "
+                                 f"{torch.device(device).type}: --model.logits_dtype compute rounds the logits "
+                                 f"to {low} instead, at eager's speed, or install torch 2.10 or later")
+    return logging.INFO, line
+
+
+def log_head_path(logits_dtype: str, device: torch.device | str, compute: torch.dtype | None) -> None:
+    """Log `head_path`'s line, if any (once a run: the trainer's Policy calls it)."""
+    said = head_path(logits_dtype, device, compute)
+    if said is not None:
+        log.log(*said)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ that generation runs in bf16 too, and that its log-probs are within twice the er
 trainer's bf16 recompute of float64's.
 """
 import copy
+import importlib
+import logging
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from freshper.trainer.engines.base import Sampling
 from freshper.trainer.engines.hf import HFEngine
 from freshper.trainer.model.load import load_policy, pick_dtype
 from freshper.trainer.model.policy import Policy
-from freshper.trainer.model.precision import ATTR, CPU_BF16_ENV, compute_dtype, cpu_bf16, keep_masters
+from freshper.trainer.model.precision import ATTR, CPU_BF16_ENV, compute_dtype, cpu_bf16, head_path, keep_masters
 from freshper.trainer.train.rollout import rollout
 
 CPU = torch.device("cpu")
@@ -82,6 +84,38 @@ def test_a_bf16_run_loads_with_masters_and_logs_its_compute_dtype():
     assert compute_dtype(model) == torch.bfloat16
     fp32, _, _ = load_policy(_cfg(), CPU)
     assert compute_dtype(fp32) is None
+
+
+@pytest.mark.parametrize("caps,path", [((True, True), "out_dtype"), ((True, False), "out_dtype-mm"),
+                                       ((False, False), "upcast")])
+def test_the_log_names_the_float32_logits_path_and_warns_where_it_is_slower_than_eager(caps, path, monkeypatch):
+    """The kernel's out_dtype probe faked for each torch (2.10+ on CUDA; 2.8-2.9; before 2.8): the
+    line names the path it chose, a WARNING naming --model.logits_dtype compute where that path
+    is slower than eager (the upcast on a GPU), INFO elsewhere and on the CPU, whose designed path
+    the upcast is; nothing to say in float32. Fails with the warning on every path, or on none
+    (checked once each)."""
+    mod = importlib.import_module("freshper.kernels.fused_linear_policy_loss")
+    have = dict(zip(("mm", "addmm"), caps))
+    monkeypatch.setattr(mod, "has_out_dtype", lambda op, device, dtype=torch.bfloat16: have[op])
+    level, line = head_path("float32", "cuda", torch.bfloat16)
+    assert f"path {path}: " in line and line.startswith("LM head: float32 logits from bfloat16 operands"), line
+    assert level == (logging.WARNING if path == "upcast" else logging.INFO), (level, line)
+    assert ("--model.logits_dtype compute" in line) is (path == "upcast"), line
+    assert head_path("float32", "cpu", torch.bfloat16)[0] == logging.INFO
+    assert head_path("float32", "cuda", None) is None and head_path("float32", "cuda", torch.float32) is None
+    assert head_path("compute", "cuda", torch.float16) == (
+        logging.INFO, "LM head: logits rounded to float16 (model.logits_dtype compute)")
+
+
+def test_a_bf16_policy_logs_its_heads_path_once(caplog):
+    """The trainer's Policy says which path its loss takes, once; on this CPU's torch (no
+    out_dtype) the upcast, the CPU's designed path, at INFO."""
+    model, _, _ = load_policy(_cfg(**{"model.dtype": "bfloat16"}), CPU)
+    with caplog.at_level(logging.INFO, logger="freshper"):
+        Policy(model, _cfg(**{"model.dtype": "bfloat16"}), CPU)
+    said = [r for r in caplog.records if r.getMessage().startswith("LM head:")]
+    assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in said]
+    assert "path upcast: " in said[0].getMessage()
 
 
 def test_a_bf16_full_fine_tune_starts_from_the_checkpoints_float32_values():
