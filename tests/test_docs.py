@@ -145,6 +145,31 @@ def check_command(argv: list[str]) -> None:
     C.load(named.get("--preset") or DEFAULT_PRESET, None, parse_overrides(rest))
 
 
+def tool_help() -> str:
+    """What `freshper --help` prints."""
+    import contextlib
+    import io
+
+    from freshper.trainer.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--help"]) == 0
+    return out.getvalue()
+
+
+def test_the_help_names_every_subcommand_and_shows_each():
+    """`freshper --help`'s summary line lists every subcommand, and each has an example line."""
+    from freshper.trainer.cli import COMMANDS
+
+    text = tool_help()
+    summary = next(line for line in text.splitlines() if line.startswith("`freshper` command line:"))
+    listed = [w.strip(" .") for w in summary.split(":", 1)[1].split(",")]
+    assert sorted(listed) == sorted(COMMANDS)
+    shown = {line.split()[1] for line in text.splitlines() if line.startswith("    freshper ")}
+    assert shown == set(COMMANDS)
+
+
 PATHS = ("--env.data", "--env.eval_data", "--env.corpus")  # the user's files: stand-ins are made for them
 
 

@@ -1,9 +1,9 @@
-"""`freshper` command line: train, plot, profile, compare, chance.
+"""`freshper` command line: train, plot, profile, compare, chance, export, eval.
 
     freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
     freshper plot RUN_DIR
     freshper profile [train arguments] --iterations S:E
-    freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper compare --preset frozenlake --arms on-policy-matched,per,freshper [--budget ENV_STEPS]
     freshper chance --preset frozenlake [--episodes 1000]    (the random-reply policy's score)
     freshper export RUN_DIR [--iteration N] OUT              (a checkpoint as a Hugging Face folder)
     freshper eval RUN_DIR|MODEL_DIR [--preset P] [--eval.episodes N] [--samples k]   (the validation rollout alone)

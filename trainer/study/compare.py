@@ -1,6 +1,6 @@
 """`freshper compare`: arms x seeds at one environment-step budget, then a table and a plot.
 
-    freshper compare --preset frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper compare --preset frozenlake --arms on-policy-matched,per,freshper --seeds 3 [--budget ENV_STEPS]
     freshper compare --preset frozenlake --arms freshper --tau-sweep 100,250,500,1000,2000
 
 Every run is `freshper train` in its own process (at most --parallel at once, one torch thread
