@@ -175,7 +175,8 @@ def parse(argv: list[str]):
     p.add_argument("--max-age", type=int, default=4,
                    help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
     p.add_argument("--lag-probs", default="",
-                   help="the stale arms' lag distribution, P(lag=0),...,P(lag=K) (rollout.lag_probs: lockstep)")
+                   help="the stale arms' lag distribution, P(lag=0),...,P(lag=K), or a run folder whose staleness "
+                        "they replay (its batch ages' shares; rollout.lag_probs: lockstep)")
     args, extra = p.parse_known_args(argv)
     from .. import config as C
 
@@ -199,6 +200,7 @@ def parse(argv: list[str]):
         p.error("--first-seed must be >= 0")
     stale = [a for a in arms if ARMS[a].get("rollout.lag_probs") == "LAG_PROBS"]
     try:
+        args.lag_probs = C.resolve_lag_probs(args.lag_probs)  # a run folder: its probabilities, given to each run
         if stale and not C.parse_lag_probs(args.lag_probs):
             p.error(f"arms {stale} draw their batches' lags: give --lag-probs (e.g. 0.4,0.3,0.2,0.1)")
     except ValueError as e:
