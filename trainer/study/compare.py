@@ -151,9 +151,8 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     return jobs
 
 
-def parse(argv: list[str]):
-    """(parser, args, arms, taus, given) of a compare command line; every check that can fail is made here,
-    before a folder is made or a run starts (an error exits through argparse, one line)."""
+def parser() -> argparse.ArgumentParser:
+    """compare's own arguments; the rest are config flags passed to every run."""
     p = argparse.ArgumentParser(prog="freshper compare", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="Other --section.field VALUE arguments are passed to every run.")
     p.add_argument("--preset", "--env", dest="env", default="frozenlake",
@@ -177,6 +176,13 @@ def parse(argv: list[str]):
     p.add_argument("--lag-probs", default="",
                    help="the stale arms' lag distribution, P(lag=0),...,P(lag=K), or a run folder whose staleness "
                         "they replay (its batch ages' shares; rollout.lag_probs: lockstep)")
+    return p
+
+
+def parse(argv: list[str]):
+    """(parser, args, arms, taus, given) of a compare command line; every check that can fail is made here,
+    before a folder is made or a run starts (an error exits through argparse, one line)."""
+    p = parser()
     args, extra = p.parse_known_args(argv)
     from .. import config as C
 
