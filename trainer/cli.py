@@ -1,9 +1,9 @@
-"""`freshper` command line: train, plot, profile, compare, chance.
+"""`freshper` command line: train, plot, profile, compare, chance, export, eval.
 
     freshper train [--preset NAME] [--config FILE.yaml] [--resume RUN_DIR] [--section.field VALUE ...]
     freshper plot RUN_DIR
     freshper profile [train arguments] --iterations S:E
-    freshper compare --env frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper compare --preset frozenlake --arms on-policy-matched,per,freshper [--budget ENV_STEPS]
     freshper chance --preset frozenlake [--episodes 1000]    (the random-reply policy's score)
     freshper export RUN_DIR [--iteration N] OUT              (a checkpoint as a Hugging Face folder)
     freshper eval RUN_DIR|MODEL_DIR [--preset P] [--eval.episodes N] [--samples k]   (the validation rollout alone)
@@ -205,7 +205,7 @@ def cmd_train(argv) -> int:
     from . import dist as D
     from .dist import check_world
 
-    p = _train_parser("freshper train", argv)
+    p = train_parser(argv)
     args, rest = p.parse_known_args(argv)
     world = D.from_env().world
     try:
@@ -282,6 +282,21 @@ def cmd_train(argv) -> int:
     return code
 
 
+def train_parser(argv=()) -> argparse.ArgumentParser:
+    """`freshper train`'s parser (its help shows the defaults of the preset `argv` names)."""
+    return _train_parser("freshper train", argv)
+
+
+def profile_parser(argv=()) -> argparse.ArgumentParser:
+    """`freshper profile`'s parser: train's, and the iterations to profile."""
+
+    def own(p):
+        p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
+        p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
+
+    return _train_parser("freshper profile", argv, own, usage="--iterations S:E ")
+
+
 def cmd_profile(argv) -> int:
     """`freshper profile [train args] --iterations S:E`: Nsight Systems on CUDA, torch.profiler on CPU."""
     import subprocess
@@ -290,11 +305,7 @@ def cmd_profile(argv) -> int:
 
     from freshper.profiling import nsight
 
-    def own(p):
-        p.add_argument("--iterations", required=True, metavar="S:E", help="profile iterations S..E (inclusive)")
-        p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set when re-launched under nsys
-
-    p = _train_parser("freshper profile", argv, own, usage="--iterations S:E ")
+    p = profile_parser(argv)
     args, rest = p.parse_known_args(argv)
     if why := one_process_refusal("freshper profile"):
         p.error(why)
@@ -325,10 +336,15 @@ def cmd_profile(argv) -> int:
     return 0
 
 
-def cmd_plot(argv) -> int:
+def plot_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="freshper plot", description="draw RUN_DIR/learning_curve.png")
     p.add_argument("run_dir")
     p.add_argument("--out", help="PNG path (default RUN_DIR/learning_curve.png)")
+    return p
+
+
+def cmd_plot(argv) -> int:
+    p = plot_parser()
     args = p.parse_args(argv)
     from .train.metrics import plot
 
@@ -351,13 +367,18 @@ def cmd_chance(argv) -> int:
     return chance_main(argv)
 
 
-def cmd_export(argv) -> int:
+def export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="freshper export", description="a run's checkpoint as a Hugging Face folder "
                                 "(config.json, safetensors, tokenizer, chat template)")
     p.add_argument("run_dir")
     p.add_argument("out")
     p.add_argument("--iteration", type=int, help="checkpoint iteration (default: the latest)")
     p.add_argument("--force", action="store_true", help="write into OUT even if it holds files")
+    return p
+
+
+def cmd_export(argv) -> int:
+    p = export_parser()
     args = p.parse_args(argv)
     from .train.checkpoint import CheckpointError
     from .train.export import export
@@ -369,10 +390,7 @@ def cmd_export(argv) -> int:
     return 0
 
 
-def cmd_eval(argv) -> int:
-    """The validation rollout of a run's checkpoint or of a model folder, with 95% intervals."""
-    import tempfile
-
+def eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="freshper eval", description=cmd_eval.__doc__, formatter_class=Formatter,
                                 allow_abbrev=False)
     p.add_argument("target", help="a run folder (its latest checkpoint, or --iteration N) or a Hugging Face model "
@@ -381,6 +399,14 @@ def cmd_eval(argv) -> int:
     p.add_argument("--iteration", type=int, help="a run's checkpoint (default: the latest)")
     # --samples (eval.samples) and the other fields come from add_config_flags: one flag per field
     add_config_flags(p)
+    return p
+
+
+def cmd_eval(argv) -> int:
+    """The validation rollout of a run's checkpoint or of a model folder, with 95% intervals."""
+    import tempfile
+
+    p = eval_parser()
     args, rest = p.parse_known_args(argv)
     target = Path(args.target)
     is_run = (target / "checkpoints").is_dir() and (target / "config.yaml").exists()

@@ -20,6 +20,7 @@ from .fields import (
                      resumable,
                      rules,
 )
+from .lag_history import resolve_lag_probs
 from .load import apply, load, to_yaml
 from .options import (
                      ENV_NAMES,
@@ -47,4 +48,4 @@ __all__ = ["PRESET_NEEDS", "PRESET_NEEDS_WHY", "PRESETS", "check_env_options", "
            "flatten", "invalid_examples", "resolve_key", "resumable", "rules", "apply", "load", "to_yaml", "ENV_NAMES",
            "INSERT_PRIORITIES", "MATH_SCORERS", "TINY_SFT_STEPS", "AlgoConfig", "Config", "EnvConfig", "EvalConfig",
            "ModelConfig", "RolloutConfig", "TrainConfig", "buffer_insert", "lazy", "opt",
-           "parse_lag_probs", "sft_steps", "warm_start_seed"]
+           "parse_lag_probs", "resolve_lag_probs", "sft_steps", "warm_start_seed"]

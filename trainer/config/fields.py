@@ -47,6 +47,12 @@ def resumable() -> tuple[str, ...]:
     return tuple(k for k, v in _declared("resume").items() if v)
 
 
+@functools.cache
+def readers() -> dict[str, typing.Callable]:
+    """{'section.field': its `read` function} of every field declared with one."""
+    return _declared("read")
+
+
 def invalid_examples() -> dict[str, str]:
     """{'section.field': a value it must refuse}, as declared."""
     return _declared("bad")
@@ -80,8 +86,15 @@ TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true
 
 
 def convert(key: str, typ, value, strict: bool = False):
-    """`value` as the field's type. Command-line values are text and are parsed; YAML values
-    (`strict`) already have a type, which must be the field's: `iterations: "3"` is an error."""
+    """`value` as the field's type, then as its `read` function keeps it. Command-line values are
+    text and are parsed; YAML values (`strict`) already have a type, which must be the field's:
+    `iterations: "3"` is an error."""
+    value = _typed(key, typ, value, strict)
+    read = readers().get(key)
+    return value if read is None else read(value)
+
+
+def _typed(key: str, typ, value, strict: bool):
     if isinstance(value, str) and not (strict and typ is not str):
         if typ is bool:
             low = value.lower()

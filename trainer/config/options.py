@@ -10,18 +10,23 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lag_history import MAX_LAGS, resolve_lag_probs
 
-def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str, resume: bool = False):
+
+def opt(default, help: str, *, choices=None, rule=None, allowed: str = "", bad: str, resume: bool = False,
+        read=None):
     """A config field, declared once: its default, one line of help (--help and the docs), what
     it accepts (`choices`, a tuple or a `lazy` reference to the tuple in the code that implements
     them; or `rule`, a predicate, with `allowed` saying in words what passes), `bad`, a value
-    as typed on the command line that it must refuse (the validation tests try each), and
+    as typed on the command line that it must refuse (the validation tests try each),
     `resume`: whether `--resume` may change it (how long to train, where and how fast, what to
-    log and validate; never what the run's data, groups, seeds or folder are)."""
+    log and validate; never what the run's data, groups, seeds or folder are), and `read`: a
+    function from the value as given to the value kept (and recorded in config.yaml), applied
+    before the checks; it raises ValueError naming the field."""
     if rule is not None and not allowed:
         raise TypeError("opt(rule=...) needs allowed=, the words an error shows")
     return field(default=default, metadata={"help": help, "choices": choices, "rule": rule, "allowed": allowed,
-                                            "bad": bad, "resume": resume})
+                                            "bad": bad, "resume": resume, "read": read})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +71,7 @@ def parse_lag_probs(text: str) -> tuple[float, ...]:
 
 def _lag_probs_ok(v: str) -> bool:
     try:
-        return len(parse_lag_probs(v)) <= 65
+        return len(parse_lag_probs(v)) <= MAX_LAGS
     except ValueError:
         return False
 
@@ -290,9 +295,13 @@ class RolloutConfig:
         rule=lambda v: v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None,
         allowed="auto, cpu, cuda or cuda:N", bad='tpu', resume=True)
     lag_probs: str = opt("", "lockstep with lags drawn per batch by train.seed: P(lag=0),P(lag=1),...,P(lag=K), "
-                             "comma-separated (e.g. 0.4,0.3,0.2,0.1); empty: the constant rollout.lag",
-        rule=lambda v: _lag_probs_ok(v), allowed="empty, or comma-separated probabilities >= 0 summing to 1 whose "
-                                                 "last is > 0, at most 65", bad='0.5,0.6')
+                             "comma-separated (e.g. 0.4,0.3,0.2,0.1), or a run folder (or its metrics.jsonl) to replay "
+                             "its staleness: the shares of its batches' ages (batch_age) 0..the largest, batches the "
+                             "gate dropped included, kept and recorded in config.yaml as probabilities; empty: the "
+                             "constant rollout.lag",
+        rule=lambda v: _lag_probs_ok(v), allowed="empty, comma-separated probabilities >= 0 summing to 1 whose last "
+                                                 "is > 0 (at most 65), or a run folder or metrics.jsonl with batch_age "
+                                                 "rows", bad='0.5,0.6', read=resolve_lag_probs)
 
 
 @dataclass

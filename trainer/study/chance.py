@@ -52,14 +52,22 @@ def chance(cfg, episodes: int, split: str = "train") -> dict:
     return {"episodes": episodes, "success": successes / episodes, "reward": reward / episodes}
 
 
-def main(argv) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`freshper chance`'s own arguments; the rest are config flags (flags.parse_overrides)."""
     from .. import config as C
-    from ..flags import parse_overrides
 
     p = argparse.ArgumentParser(prog="freshper chance", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="frozenlake", help=f"one of {list(C.PRESETS)}")
     p.add_argument("--episodes", type=int, default=1000, help="initial states, one episode each")
     p.add_argument("--split", default="train", help=f"one of {SPLITS}")
+    return p
+
+
+def main(argv) -> int:
+    from .. import config as C
+    from ..flags import parse_overrides
+
+    p = parser()
     args, rest = p.parse_known_args(argv)
     try:
         cfg = C.load(args.preset, None, parse_overrides(rest))

@@ -1,6 +1,6 @@
 """`freshper compare`: arms x seeds at one environment-step budget, then a table and a plot.
 
-    freshper compare --preset frozenlake --arms on-policy,per,freshper --seeds 3 [--budget ENV_STEPS]
+    freshper compare --preset frozenlake --arms on-policy-matched,per,freshper --seeds 3 [--budget ENV_STEPS]
     freshper compare --preset frozenlake --arms freshper --tau-sweep 100,250,500,1000,2000
 
 Every run is `freshper train` in its own process (at most --parallel at once, one torch thread
@@ -152,9 +152,8 @@ def plan(out: Path, env: str, arms: list[str], seeds: int, budget: int, given: d
     return jobs
 
 
-def parse(argv: list[str]):
-    """(parser, args, arms, taus, given) of a compare command line; every check that can fail is made here,
-    before a folder is made or a run starts (an error exits through argparse, one line)."""
+def parser() -> argparse.ArgumentParser:
+    """compare's own arguments; the rest are config flags passed to every run."""
     p = argparse.ArgumentParser(prog="freshper compare", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="Other --section.field VALUE arguments are passed to every run.")
     p.add_argument("--preset", "--env", dest="env", default="frozenlake",
@@ -176,7 +175,15 @@ def parse(argv: list[str]):
     p.add_argument("--max-age", type=int, default=4,
                    help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
     p.add_argument("--lag-probs", default="",
-                   help="the stale arms' lag distribution, P(lag=0),...,P(lag=K) (rollout.lag_probs: lockstep)")
+                   help="the stale arms' lag distribution, P(lag=0),...,P(lag=K), or a run folder whose staleness "
+                        "they replay (its batch ages' shares; rollout.lag_probs: lockstep)")
+    return p
+
+
+def parse(argv: list[str]):
+    """(parser, args, arms, taus, given) of a compare command line; every check that can fail is made here,
+    before a folder is made or a run starts (an error exits through argparse, one line)."""
+    p = parser()
     args, extra = p.parse_known_args(argv)
     from .. import config as C
 
@@ -200,6 +207,7 @@ def parse(argv: list[str]):
         p.error("--first-seed must be >= 0")
     stale = [a for a in arms if ARMS[a].get("rollout.lag_probs") == "LAG_PROBS"]
     try:
+        args.lag_probs = C.resolve_lag_probs(args.lag_probs)  # a run folder: its probabilities, given to each run
         if stale and not C.parse_lag_probs(args.lag_probs):
             p.error(f"arms {stale} draw their batches' lags: give --lag-probs (e.g. 0.4,0.3,0.2,0.1)")
     except ValueError as e:

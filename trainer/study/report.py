@@ -4,9 +4,8 @@ Summary per arm, each as mean and 95% t-interval across seeds: final training su
 over the last 10% of the budget) and its AUC (the area under the success-vs-env-steps curve
 over the budget: the mean success over training); from the validation rollouts, the last eval
 success and eval score and their AUCs. A second table gives the replay diagnostics of
-trainer/study/replay_stats.py. Plots: training and eval success with 95% bands, KL(mu || pi) per
-token of replayed trajectories against their age, the age distribution of replayed
-trajectories, the IS-weight ESS over training, and for a tau sweep the AUCs against tau.
+trainer/study/replay_stats.py. The plots, only those some run has data for, are
+trainer/study/curves.py's.
 A third table pairs each arm's seeds with the first arm's: seed s gives every arm the same
 initial states, so the per-seed difference removes what the states contribute. A fourth holds
 the readouts at equal optimizer updates and equal compute (trainer/study/readouts.py).
@@ -19,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..train.intervals import mean_ci, t975  # noqa: F401  (mean_ci: part of this module's API)
+from ..train.intervals import mean_ci
 from ..train.metrics import points, read
+from .curves import curve, plot
 from .readouts import matched_table
-from .replay_stats import age_shares, kl_by_age, replay_summary, signal_by_window
+from .replay_stats import replay_summary, signal_by_window
 from .staleness import staleness_table
 
 
@@ -32,16 +32,6 @@ def _cell(mean: float, half: float, digits: int | None = None) -> str:
     if math.isnan(half):
         return f"{m} (—)"
     return f"{m} ± {half:.{digits - 1}g}" if digits else f"{m} ± {half:.3f}"
-
-
-def curve(rows: list[dict], grid: np.ndarray, key: str = "success") -> np.ndarray:
-    """`key` interpolated onto env-step `grid` (placed as metrics.points places it); rows without
-    `key` are skipped."""
-    pts = points(rows, key)
-    if not pts:
-        return np.full(grid.shape, np.nan)
-    x, y = np.array(pts, dtype=float).T
-    return np.interp(grid, x, y)
 
 
 def _auc(c: np.ndarray, grid: np.ndarray, budget: int) -> float:
@@ -60,11 +50,6 @@ def summarize(rows: list[dict], budget: int) -> dict:
         out[f"final_{key}"] = float(evals[-1][1]) if evals else float("nan")
         out[f"auc_{key}"] = _auc(curve(rows, grid, key), grid, budget) if evals else float("nan")
     return out
-
-
-def _smooth(c: np.ndarray, k: int) -> np.ndarray:
-    """Moving average over k grid points (9 of 201: 4.5% of the budget); edges padded."""
-    return np.convolve(np.pad(c, (k // 2, k // 2), mode="edge"), np.ones(k) / k, "valid")
 
 
 def tables(by_label: dict[str, list]) -> tuple[str, dict]:
@@ -101,76 +86,6 @@ def tables(by_label: dict[str, list]) -> tuple[str, dict]:
         cells = " | ".join(_cell(m, h, 3) for m, h in diag.values())
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines), summary
-
-
-def plot(path: Path, by_label: dict[str, list], summary: dict, budget: int, sweep: bool) -> None:
-    """curves.png: success and eval success with 95% bands, KL by age, age shares, ESS, [tau]."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    grid = np.linspace(0, budget, 201)
-    panels = ["success", "eval_success", "kl", "ages", "ess"] + (["tau"] if sweep else [])
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    ax = dict(zip(panels, axes.flat))
-    for a in list(axes.flat)[len(panels):]:
-        a.set_visible(False)
-    for i, (label, items) in enumerate(by_label.items()):
-        for key in ("success", "eval_success"):
-            curves = np.stack([curve(rows, grid, key) for _, rows, _ in items])
-            if np.isnan(curves).all():
-                continue
-            smooth = np.stack([_smooth(c, 9 if key == "success" else 1) for c in curves])
-            m = np.nanmean(smooth, 0)
-            half = (t975(len(items) - 1) * np.nanstd(smooth, 0, ddof=1) / math.sqrt(len(items))
-                    if len(items) > 1 else 0 * m)
-            ax[key].plot(grid, m, color=f"C{i}", label=label)
-            # the band is the 95% interval of the mean, drawn within the feasible range [0, 1]
-            ax[key].fill_between(grid, np.clip(m - half, 0, 1), np.clip(m + half, 0, 1), color=f"C{i}", alpha=0.2)
-        kl = kl_by_age([r for _, rows, _ in items for r in rows])
-        if kl:
-            ages = [max(a, 0.5) for a in kl]  # age 0 drawn at 0.5 on the log axis
-            ax["kl"].plot(ages, [v[0] for v in kl.values()], marker="o", color=f"C{i}", label=label)
-            ax["ages"].plot(ages, list(age_shares(kl).values()), marker="o", color=f"C{i}", label=label)
-            ess = np.nanmean(np.stack([_smooth(curve(rows, grid, "is_ess"), 9) for _, rows, _ in items]), 0)
-            ax["ess"].plot(grid, ess, color=f"C{i}", label=label)
-    labels = {"success": ("environment steps", "training success, mean and 95% band"),
-              "eval_success": ("environment steps", "eval success (validation states), mean and 95% band"),
-              "kl": ("age of the replayed trajectory (iterations; 0 drawn at 0.5)", "KL(mu || pi) per token, mean"),
-              "ages": ("age bin of replayed trajectories (lowest age; 0 drawn at 0.5)",
-                       "share of replayed trajectories"),
-              "ess": ("environment steps", "IS-weight ESS fraction, mean over seeds"),
-              "tau": ("tau (iterations)", "AUC, mean and 95% interval")}
-    if sweep:
-        taus = [items[0][0]["tau"] for items in by_label.values()]
-        for key, name in (("auc", "AUC (training success)"), ("auc_eval_success", "AUC (eval success)")):
-            means = np.array([summary[label][key][0] for label in by_label])
-            half = np.nan_to_num(np.array([summary[label][key][1] for label in by_label]))
-            lower, upper = means - np.clip(means - half, 0, 1), np.clip(means + half, 0, 1) - means
-            ax["tau"].errorbar(taus, means, yerr=[lower, upper], marker="o", capsize=3, label=name)
-        ax["tau"].set_xscale("log")
-        ax["tau"].set_xticks(taus, [f"{t:g}" for t in taus])
-        ax["tau"].minorticks_off()
-    for key in panels:
-        ax[key].set_xlabel(labels[key][0])
-        ax[key].set_ylabel(labels[key][1])
-        ax[key].grid(alpha=0.3)
-        if ax[key].get_legend_handles_labels()[0]:
-            ax[key].legend(fontsize=8)
-    for key in ("kl", "ages"):
-        # the age bins' own ticks (0 drawn at 0.5, then 1, 2, 4, ...): plain numbers, no minor
-        # labels, which matplotlib adds (and overlaps) when the ages span less than a decade
-        ax[key].set_xscale("log")
-        lo, hi = ax[key].get_xlim()
-        ticks = [0.5] + [2.0 ** i for i in range(0, 12) if 2.0 ** i <= max(hi, 1.0)]
-        ax[key].set_xticks(ticks, ["0"] + [f"{t:g}" for t in ticks[1:]])
-        ax[key].minorticks_off()
-        ax[key].set_xlim(lo, hi)
-    fig.suptitle(path.parent.name, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def signal_table(by_label: dict, width: int = 40) -> str:

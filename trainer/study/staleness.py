@@ -1,6 +1,7 @@
 """What a comparison's runs did with stale batches (docs/asynchronous.md): per arm, the mean age of
 the batches its on-policy updates saw, the weight the decay gave them, the share of generated
-episodes the gate dropped, and for asynchronous runs the seconds each side waited."""
+episodes the gate dropped, and for asynchronous runs the seconds each side waited; per run, the
+shares of its trained batches by age and the decay's weight by age (the curves' panels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,3 +37,24 @@ def staleness_table(by_label: dict) -> str:
             "episodes; waits in seconds per iteration, asynchronous runs only)\n\n"
             "| arm | seeds | age | max age | decay weight | dropped | trainer waits | worker idle |\n"
             "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+
+
+def trained_batches(rows: list[dict]) -> list[dict]:
+    """The rows whose on-policy batch was trained: logged with its age, not dropped by the gate."""
+    return [r for r in rows if "batch_age" in r and not r.get("episodes_dropped", 0)]
+
+
+def batch_age_shares(rows: list[dict]) -> dict[int, float]:
+    """{age in versions: share of the run's trained batches of that age}, ages in order; {} for a
+    run that logged no batch ages."""
+    ages = [r["batch_age"] for r in trained_batches(rows)]
+    return {a: ages.count(a) / len(ages) for a in sorted(set(ages))}
+
+
+def weight_by_age(rows: list[dict]) -> dict[int, float]:
+    """{age in versions: mean weight the decay gave the trained batches of that age} (batch_weight,
+    1 where nothing weights them), ages in order."""
+    by: dict[int, list[float]] = {}
+    for r in trained_batches(rows):
+        by.setdefault(r["batch_age"], []).append(r.get("batch_weight", 1.0))
+    return {a: float(np.mean(w)) for a, w in sorted(by.items())}

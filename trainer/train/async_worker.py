@@ -1,4 +1,4 @@
-"""Asynchronous generation: a worker process generates batches beside the trainer (rollout.async).
+"""Asynchronous generation: a worker process generates batches beside the trainer (rollout.asynchronous).
 
 The worker owns an engine (HF or vLLM) and the environments, and generates batch j, j + 1, ...
 (the batches iterations j, j + 1, ... train on, the same initial states as a synchronous run)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from freshper.trainer.cli import main
-from freshper.trainer.study.compare import plan
+from freshper.trainer.study.compare import parse, plan
 from freshper.trainer.study.staleness import staleness_row
 
 from .test_compare import TINY
@@ -48,3 +48,19 @@ def test_the_stale_arms_differ_only_in_their_staleness(tmp_path):
     assert "--rollout.lag_probs" not in flags[0]
     assert all("--rollout.lag_probs" in f and "--algo.staleness" in f for f in flags[1:])
     assert all("--rollout.lag_probs=0.5,0.5" in j["cmd"] for j in jobs[1:])
+
+
+def test_the_stale_arms_replay_a_run_folders_staleness(tmp_path, capsys):
+    """--lag-probs RUN_DIR: every stale run gets the folder's shares of batch ages as probabilities
+    (trainer/config/lag_history.py); a folder without batch ages is refused naming --lag-probs."""
+    run = tmp_path / "async-run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"batch_age": a}) + "\n" for a in (0, 2, 2, 1)))
+    args = parse(["--arms", "synchronous,stale-is", "--lag-probs", str(run), "--algo.mode", "on-policy"])[1]
+    assert args.lag_probs == "0.25,0.25,0.5"
+    jobs = plan(tmp_path, "frozenlake", ["synchronous", "stale-is"], 1, 100, {}, None, lag_probs=args.lag_probs)
+    assert "--rollout.lag_probs=0.25,0.25,0.5" in jobs[1]["cmd"]
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    with pytest.raises(SystemExit):
+        parse(["--arms", "stale-is", "--lag-probs", str(run)])
+    assert "--lag-probs" in capsys.readouterr().err
