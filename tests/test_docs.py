@@ -242,7 +242,6 @@ def test_the_help_names_every_subcommand_and_shows_each():
 README_WORDS = 1200  # five minutes at about 240 words a minute
 
 
-@pytest.mark.xfail(strict=True, reason="README rewrite pending")
 def test_the_readme_reads_in_five_minutes():
     words = len((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert words <= README_WORDS, f"README.md has {words} words"

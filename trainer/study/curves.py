@@ -26,7 +26,7 @@ LABELS = {"success": ("environment steps", "training success, mean and 95% band"
           "ess": ("environment steps", "IS-weight ESS fraction, mean over seeds"),
           "batch_ages": ("age of the trained batch (versions)", "share of trained on-policy batches"),
           "dropped": ("environment steps", "episodes the gate dropped, cumulative, mean over seeds"),
-          "weights": ("age of the trained batch (versions)", "decay weight of its loss, mean"),
+          "weights": ("age of the trained batch (versions)", "the decay's weight (batch_weight), mean"),
           "tau": ("tau (iterations)", "AUC, mean and 95% interval")}
 
 
