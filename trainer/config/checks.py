@@ -119,9 +119,12 @@ def validate(cfg: Config) -> None:
             if getattr(r, k) != getattr(type(r)(), k)]
     if idle and not r.asynchronous:
         raise ValueError(f"{', '.join(idle)}: the generation worker's settings, for rollout.asynchronous true")
-    if a.staleness == "gate" and not a.max_age:
-        raise ValueError("algo.staleness=gate drops batches older than algo.max_age: set algo.max_age >= 1 (0 means "
-                         "no gate)")
+    if a.staleness == "gate" and not a.stale_max_age:
+        raise ValueError("algo.staleness=gate drops batches older than algo.stale_max_age: set algo.stale_max_age >= 1")
+    if a.stale_max_age and a.staleness != "gate":
+        raise ValueError(f"algo.stale_max_age={a.stale_max_age} is the limit of algo.staleness gate, not of "
+                         f"algo.staleness={a.staleness!r}: set algo.staleness gate, or leave algo.stale_max_age 0 "
+                         f"(the replay buffer's age limit is algo.max_age)")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
         raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
     if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):

@@ -333,7 +333,7 @@ class Trainer:
             self.engine.sleep()
         a = cfg.algo
         how = treat(a.staleness, it, batch.version, tau=self.drift.tau if self.drift is not None else a.tau,
-                    max_age=a.max_age, stale_tis_cap=a.stale_tis_cap)
+                    max_age=a.stale_max_age, stale_tis_cap=a.stale_tis_cap)
         batch_lag = how.age  # versions between this batch's weights and these
         staleness = {"batch_age": how.age, "batch_weight": 1.0 if how.weight is None else how.weight,
                      "episodes_generated": generated * self.dist.world, "episodes_dropped": 0 if how.keep else episodes,
