@@ -178,3 +178,31 @@ def missing_install(cfg: Config) -> str | None:
         return ("model.attn=flash_attention_2 but flash-attn is not installed: pip install flash-attn "
                 "--no-build-isolation, or --model.attn sdpa")
     return None
+
+
+def device_refusal(cfg: Config) -> str | None:
+    """Why this machine cannot place rollout.asynchronous's generation worker as cfg asks (None: it
+    can), found before anything is built or written: a rollout.worker_device it does not have, or
+    two vLLM engines on the trainer's GPU (the worker's, and the trainer's own for validation) whose
+    shares of its memory would leave none for training. Kept out of `validate` with
+    `missing_install`: a saved config is read on machines without the run's GPUs."""
+    r = cfg.rollout
+    if not r.asynchronous:
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if r.worker_device.startswith("cuda") and int(r.worker_device[5:] or 0) >= count:
+        have = f"CUDA devices cuda:0 to cuda:{count - 1}" if count else "no CUDA device"
+        return (f"rollout.worker_device={r.worker_device!r}: this machine has {have}; allowed: auto, cpu"
+                + (f", cuda or cuda:N with N < {count}" if count else ""))
+    trainer_cuda = count > 0 and cfg.train.device != "cpu"
+    shared = trainer_cuda and r.worker_device in ("auto", "cuda", f"cuda:{torch.cuda.current_device()}")
+    if shared and r.engine == "vllm" and 2 * r.gpu_memory_utilization >= 1:
+        return (f"rollout.engine=vllm, rollout.asynchronous and rollout.worker_device={r.worker_device!r} put two vLLM "
+                f"engines on the trainer's GPU (the worker's, and the trainer's own for validation), each taking "
+                f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} of its memory: "
+                f"{2 * r.gpu_memory_utilization:g} in all leaves none for training. Set "
+                f"rollout.gpu_memory_utilization below 0.5 (training needs the rest), or give the worker a GPU of "
+                f"its own (rollout.worker_device cuda:N)")
+    return None

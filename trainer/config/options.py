@@ -262,7 +262,9 @@ class RolloutConfig:
         rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='0')
     top_k: int = opt(100, "top-k sampling (the paper's code: 100; 0 is off)",
         rule=lambda v: v >= 0, allowed=">= 0 (0: off)", bad='-1')
-    gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache",
+    gpu_memory_utilization: float = opt(0.3, "vllm: fraction of GPU memory for weights and KV cache, per engine "
+                                             "(rollout.asynchronous with the worker on the trainer's GPU runs two: "
+                                             "below 0.5)",
         rule=lambda v: 0 < v <= 1, allowed="in (0, 1]", bad='1.5', resume=True)
     vllm_sleep: bool = opt(True, "vllm on CUDA: release KV cache and weights during training",
         bad='sometimes', resume=True)
@@ -286,7 +288,8 @@ class RolloutConfig:
                                  "default); give train.threads too, so the two processes do not oversubscribe",
         rule=lambda v: v >= 0, allowed=">= 0 (0: torch's default)", bad='-1', resume=True)
     worker_device: str = opt("auto", "rollout.asynchronous: where the worker generates: auto (the trainer's device, "
-                                     "shared) | cpu | cuda | cuda:N (a GPU of its own)",
+                                     "shared) | cpu | cuda | cuda:N (a GPU of its own; one this machine lacks is "
+                                     "refused at start-up)",
         rule=lambda v: v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v) is not None,
         allowed="auto, cpu, cuda or cuda:N", bad='tpu', resume=True)
     lag_probs: str = opt("", "lockstep with lags drawn per batch by train.seed: P(lag=0),P(lag=1),...,P(lag=K), "
