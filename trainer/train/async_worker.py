@@ -244,6 +244,8 @@ class AsyncBatches:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.pending: dict[int, Batch] = {}
+        self.death: str | None = None  # how the worker ended, once GenerationWorkerDied said it
+        self.unseen_death: str | None = None  # how it ended on its own where no take() saw it (close)
         self.generated = 0
         self.taken = 0  # episodes of the batches take() returned
         self.wait_s = 0.0  # the trainer's seconds blocked on the worker
@@ -268,7 +270,8 @@ class AsyncBatches:
             try:  # what it sent just before it ended may still be in the pipe
                 item = self.out.get(timeout=0.5)
             except queue_mod.Empty:
-                raise GenerationWorkerDied(self._how_it_ended()) from None
+                self.death = self._how_it_ended()
+                raise GenerationWorkerDied(self.death) from None
         _, j, version, path, _ = item
         self.pending[j] = Batch(_unspool(path), version, j)
         return True
@@ -327,7 +330,8 @@ class AsyncBatches:
     def close(self) -> int:
         """Stop the worker and wait for it (at most a few seconds, then kill); returns the
         episodes it had generated that no update took, which `generated` then counts too. A batch
-        still being generated is abandoned unfinished, and not counted."""
+        still being generated is abandoned unfinished, and not counted. A worker that had ended on
+        its own unseen leaves how in `unseen_death`."""
         self.stop.set()
         deadline = time.monotonic() + 10
         while self.proc.is_alive() and time.monotonic() < deadline:
@@ -335,9 +339,14 @@ class AsyncBatches:
                 self.out.get(timeout=0.1)
             except queue_mod.Empty:
                 pass
-        if self.proc.is_alive():  # mid-batch (it checks the stop between batches): it ignores SIGTERM
+        killed = self.proc.is_alive()
+        if killed:  # mid-batch (it checks the stop between batches): it ignores SIGTERM
             self.proc.kill()
         self.proc.join()
+        if not killed and self.proc.exitcode != 0 and self.death is None:
+            # it ended on its own in the run's last iteration (a signal it should have ignored,
+            # an error): the run stopped anyway, but say so
+            self.unseen_death = self._how_it_ended()
         self.generated = self.counts.made
         self.pending.clear()
         shutil.rmtree(self.spool, ignore_errors=True)

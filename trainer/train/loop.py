@@ -636,6 +636,8 @@ class Trainer:
             lost = self.batches.close()
             log.info("generation worker stopped: %d episodes generated, %d of them in flight and discarded (a resume "
                      "generates those batches again)", self.batches.generated, lost)
+            if self.batches.unseen_death:
+                log.warning("%s, before the run stopped", self.batches.unseen_death)
 
     def _worker_times(self) -> dict:
         """rollout.asynchronous: this iteration's seconds the trainer waited for a batch, and the
