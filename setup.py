@@ -68,7 +68,7 @@ setup(
     extras_require={
         "train": train,
         "trl": ["trl>=1.16,<1.17"],  # the range freshper/integrations/trl.py is tested against
-        "dev": ["pytest>=7", "pytest-xdist>=3.8", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17",
+        "dev": ["pytest>=7", "pytest-xdist>=3.8", "pytest-timeout>=2.3", "hypothesis>=6", "scipy>=1.10", "cpprb>=10.7", "trl>=1.16,<1.17",
                 "tensorboard>=2.14", "wandb>=0.17", "faiss-cpu>=1.8",
                 # the docs site, built in strict mode by the tests
                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10"],

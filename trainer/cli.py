@@ -129,10 +129,11 @@ def build_config(args, rest, check_folder: bool = True) -> tuple[C.Config, Path,
 
 
 def _refuse_missing(cfg: C.Config) -> None:
-    """What this machine lacks for cfg (vLLM, flash-attn), refused before anything is built."""
-    from .config.checks import missing_install
+    """What this machine lacks for cfg (vLLM, flash-attn, the generation worker's device), refused
+    before anything is built."""
+    from .config.checks import device_refusal, missing_install
 
-    missing = missing_install(cfg)
+    missing = missing_install(cfg) or device_refusal(cfg)
     if missing:
         raise ValueError(missing)
 

@@ -67,8 +67,10 @@ def preset_values(preset: str) -> dict:
 
 
 # argparse takes "-1e-3" for a flag (its own pattern knows "-1" and "-.5" only), so a negative
-# value in exponent form needed "--k=-1e-3"; this pattern reads every float literal as a value.
-NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+# value in exponent form needed "--k=-1e-3"; this pattern reads every float literal as a value,
+# and a comma-separated list of them that starts with a negative one (rollout.lag_probs).
+_FLOAT = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"
+NEGATIVE_NUMBER = re.compile(rf"^-{_FLOAT}(,\s*[-+]?{_FLOAT})*$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
 def add_config_flags(p: argparse.ArgumentParser, preset: str = "") -> None:

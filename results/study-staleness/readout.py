@@ -8,7 +8,8 @@ seed: mean, 90% and 95% t-intervals, and the reading by the registered rule. Sec
 stale-decay minus stale-is and minus synchronous, the same way; the gate's share of generated
 episodes dropped. Descriptive, per arm: validation before and at iteration 15, training success
 over the last 3 iterations, runs that collapsed (training success 0 over their last 3
-iterations, and the first iteration from which it stayed 0), mean batch age and decay weight,
+iterations, and the first iteration from which it stayed 0), the mean age of the batches that
+reached their update and of those trained on (the gate drops some), the mean decay weight,
 and the training ages' histogram. Until every registered run has its DONE file it prints how many
 have, and no figure of any run.
 """
@@ -96,12 +97,14 @@ def main():
         reached = sum(len(r) for r in rs) * 32
         tail = sum(x.get("episodes_generated", 0) for r in rs for x in r) - reached
         dropped = sum(r[-1].get("episodes_dropped_total", 0) for r in rs)
-        ages = Counter(x["batch_age"] for r in rs for x in r if "loss" in x)
+        ages = Counter(x["batch_age"] for r in rs for x in r if "loss" in x)  # the gate's dropped have no loss
+        mean_age = statistics.mean(x["batch_age"] for r in rs for x in r)
         collapsed = {s: collapsed_at(r) for s, r in zip(SEEDS, rs) if collapsed_at(r) is not None}
         print(f"{a}: validation before {statistics.mean(ev(r, 0) for r in rs):.3f}, at 15 "
               f"{statistics.mean(ev(r, 15) for r in rs):.3f}; training success over the last 3 iterations "
               f"{statistics.mean(statistics.mean(x['success'] for x in r[-3:]) for r in rs):.3f}; "
-              f"mean batch age {statistics.mean(x['batch_age'] for r in rs for x in r):.2f}, mean decay weight "
+              f"mean age of the batches that reached their update {mean_age:.2f} "
+              f"(trained on: {statistics.mean(ages.elements()):.2f}), mean decay weight "
               f"{statistics.mean(x['batch_weight'] for r in rs for x in r):.3f}; dropped {dropped} of the {reached} "
               f"episodes that reached their update ({dropped / reached:.3f}); generated ahead and never reached "
               f"{tail}; collapsed runs {collapsed or 'none'}; "

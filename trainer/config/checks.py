@@ -119,9 +119,12 @@ def validate(cfg: Config) -> None:
             if getattr(r, k) != getattr(type(r)(), k)]
     if idle and not r.asynchronous:
         raise ValueError(f"{', '.join(idle)}: the generation worker's settings, for rollout.asynchronous true")
-    if a.staleness == "gate" and not a.max_age:
-        raise ValueError("algo.staleness=gate drops batches older than algo.max_age: set algo.max_age >= 1 (0 means "
-                         "no gate)")
+    if a.staleness == "gate" and not a.stale_max_age:
+        raise ValueError("algo.staleness=gate drops batches older than algo.stale_max_age: set algo.stale_max_age >= 1")
+    if a.stale_max_age and a.staleness != "gate":
+        raise ValueError(f"algo.stale_max_age={a.stale_max_age} is the limit of algo.staleness gate, not of "
+                         f"algo.staleness={a.staleness!r}: set algo.staleness gate, or leave algo.stale_max_age 0 "
+                         f"(the replay buffer's age limit is algo.max_age)")
     if cfg.eval.samples > 1 and cfg.eval.temperature == 0:
         raise ValueError(f"eval.samples={cfg.eval.samples} needs eval.temperature > 0: greedy replies are all alike")
     if cfg.train.perception_steps and cfg.env.name not in ("frozenlake", "sokoban"):
@@ -174,4 +177,32 @@ def missing_install(cfg: Config) -> str | None:
     if cfg.model.attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         return ("model.attn=flash_attention_2 but flash-attn is not installed: pip install flash-attn "
                 "--no-build-isolation, or --model.attn sdpa")
+    return None
+
+
+def device_refusal(cfg: Config) -> str | None:
+    """Why this machine cannot place rollout.asynchronous's generation worker as cfg asks (None: it
+    can), found before anything is built or written: a rollout.worker_device it does not have, or
+    two vLLM engines on the trainer's GPU (the worker's, and the trainer's own for validation) whose
+    shares of its memory would leave none for training. Kept out of `validate` with
+    `missing_install`: a saved config is read on machines without the run's GPUs."""
+    r = cfg.rollout
+    if not r.asynchronous:
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if r.worker_device.startswith("cuda") and int(r.worker_device[5:] or 0) >= count:
+        have = f"CUDA devices cuda:0 to cuda:{count - 1}" if count else "no CUDA device"
+        return (f"rollout.worker_device={r.worker_device!r}: this machine has {have}; allowed: auto, cpu"
+                + (f", cuda or cuda:N with N < {count}" if count else ""))
+    trainer_cuda = count > 0 and cfg.train.device != "cpu"
+    shared = trainer_cuda and r.worker_device in ("auto", "cuda", f"cuda:{torch.cuda.current_device()}")
+    if shared and r.engine == "vllm" and 2 * r.gpu_memory_utilization >= 1:
+        return (f"rollout.engine=vllm, rollout.asynchronous and rollout.worker_device={r.worker_device!r} put two vLLM "
+                f"engines on the trainer's GPU (the worker's, and the trainer's own for validation), each taking "
+                f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} of its memory: "
+                f"{2 * r.gpu_memory_utilization:g} in all leaves none for training. Set "
+                f"rollout.gpu_memory_utilization below 0.5 (training needs the rest), or give the worker a GPU of "
+                f"its own (rollout.worker_device cuda:N)")
     return None

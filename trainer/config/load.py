@@ -60,6 +60,10 @@ def load(preset: str = "frozenlake", config_file: str | None = None, overrides: 
         if run_config and "staleness" not in (data.get("algo") or {}):
             # a run from before algo.staleness trained its lagged batches as if fresh: it goes on so
             cfg.algo.staleness = "none"
+        if run_config and cfg.algo.staleness == "gate" and "stale_max_age" not in (data.get("algo") or {}):
+            # a run from before algo.stale_max_age gated its batches by algo.max_age (which also limits
+            # the replay buffer, as before): it goes on so
+            cfg.algo.stale_max_age = cfg.algo.max_age
         if run_config:  # an old run's file: its other environments' fields are dropped below, not refused
             own = env_options(cfg.env.name)
             given = {k for k in given if not k.startswith("env.") or k[4:] in own}

@@ -49,7 +49,7 @@ ARMS = {
     # from --lag-probs (lockstep: reproducible by seed) and trained as algo.staleness says
     "synchronous": {},
     "stale-none": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "none"},
-    "stale-gate": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "gate", "algo.max_age": "MAX_AGE"},
+    "stale-gate": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "gate", "algo.stale_max_age": "MAX_AGE"},
     "stale-is": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "is"},
     "stale-decay": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "decay"},
     "stale-ess": {"rollout.lag_probs": "LAG_PROBS", "algo.staleness": "ess"},
@@ -96,8 +96,8 @@ def check_overrides(arms: list[str], given: dict, taus) -> None:
             raise ValueError(f"--{key} is set by freshper compare for each run; use {OWNED[key]}")
         if key == "algo.tau" and taus:
             raise ValueError("--algo.tau is set by --tau-sweep for each run")
-        if key == "algo.max_age" and any(ARMS[a].get(key) == "MAX_AGE" for a in arms):
-            raise ValueError("--algo.max_age defines the gate arms; use --max-age")
+        if key in ("algo.max_age", "algo.stale_max_age") and any(ARMS[a].get(key) == "MAX_AGE" for a in arms):
+            raise ValueError(f"--{key} defines the gate arms; use --max-age")
         if key == "rollout.lag_probs" and any(ARMS[a].get(key) == "LAG_PROBS" for a in arms):
             raise ValueError("--rollout.lag_probs defines the stale arms; use --lag-probs")
         defined = [a for a in arms if key in ARMS[a]]
@@ -115,8 +115,9 @@ def arm_settings(arm: str, cfg, max_age: int, lag_probs: str = "") -> dict:
         out["rollout.lag_probs"] = lag_probs
     if out.get("algo.onpolicy_passes") == MATCHED:
         out["algo.onpolicy_passes"] = 1 + cfg.algo.replay_updates
-    if out.get("algo.max_age") == "MAX_AGE":
-        out["algo.max_age"] = max_age
+    for key in ("algo.max_age", "algo.stale_max_age"):  # the replay gate's, the staleness gate's
+        if out.get(key) == "MAX_AGE":
+            out[key] = max_age
     return out
 
 
@@ -173,7 +174,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tau-sweep", default="", help="comma-separated taus for the single arm in --arms")
     p.add_argument("--report-only", action="store_true", help="redraw the table and plots from existing runs")
     p.add_argument("--max-age", type=int, default=4,
-                   help="the gate arms' age limit in iterations (algo.max_age; 4 is TRL's async GRPO max_staleness)")
+                   help="the gate arms' age limit in iterations (algo.max_age of uniform-gate and per-gate, "
+                        "algo.stale_max_age of stale-gate; 4 is TRL's async GRPO max_staleness)")
     p.add_argument("--lag-probs", default="",
                    help="the stale arms' lag distribution, P(lag=0),...,P(lag=K), or a run folder whose staleness "
                         "they replay (its batch ages' shares; rollout.lag_probs: lockstep)")

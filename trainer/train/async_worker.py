@@ -10,20 +10,29 @@ K batches, which caps memory. Every batch carries its version, so the trainer kn
 episode's age exactly (trainer/train/staleness.py decides what to do with it).
 
 Nothing is lost and nothing is left running:
-- a worker that raises sends its error and exits; one that dies (killed, out of memory) is seen
-  within a second by the trainer waiting on it; either way `take` raises GenerationWorkerDied,
-  and the loop writes a checkpoint and stops in one line;
+- a worker that raises writes its error to a file in the spool folder (not the queue, which may
+  be full) and exits; one that dies (killed, out of memory) is seen within a second by the trainer
+  waiting on it; either way `take` raises GenerationWorkerDied, and the loop writes a checkpoint
+  and stops in one line;
 - the worker ignores SIGINT and SIGTERM (a terminal's Ctrl-C, or a scheduler's SIGTERM, reaches
-  the whole process group: the trainer decides when to stop), dies with its parent
-  (PR_SET_PDEATHSIG), and `close` ends it; after its last batch it waits for that;
-- batches in flight at a stop are counted and discarded; a resume generates them again with the
-  weights it resumes from (so an asynchronous run is not bit for bit reproducible; lockstep is).
+  the whole process group: the trainer decides when to stop), from its first instruction: it
+  starts with both blocked, so one sent while it imports stays pending until it ignores them;
+  it dies with its parent (PR_SET_PDEATHSIG), and `close` ends it; after its last batch it
+  waits for that;
+- batches in flight at a stop are counted and discarded: the worker counts what it generates in
+  shared memory, so the count does not depend on which messages the trainer read; a resume
+  generates them again with the weights it resumes from (so an asynchronous run is not bit for
+  bit reproducible; lockstep is);
+- its engine never sleeps: it generates batch after batch, and sleeping between them would move
+  its weights to the host and back per batch. Two vLLM engines on one GPU whose memory shares
+  would leave none for training are refused up front (trainer/config/checks.py, `device_refusal`).
 """
 from __future__ import annotations
 
 import os
 import queue as queue_mod
 import shutil
+import signal
 import time
 
 import torch
@@ -52,25 +61,85 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def worker_main(cfg, weights, out, spool, stop, start: int, end: int, device: str, parent: int) -> None:
-    """The worker process: generate batches start..end-1, each as a file in `spool` announced on
-    `out` as ("batch", j, version, path, episodes, idle_s, generate_s); or send ("error", text)
-    and exit."""
-    import signal
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+ERROR_FILE = "error.txt"  # in the spool folder: the worker's last words
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a process group's stop signal is the trainer's to act on:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it checkpoints, then stops this process itself
+
+class WorkerCounts:
+    """What the worker has done so far, in memory both processes map (one writer, the worker):
+    episodes generated (spooled: whole batches), seconds idle (waiting for weights new enough, or
+    for room in its queue) and seconds generating. The trainer reads them whenever it likes, so
+    they do not depend on which messages it has read."""
+
+    def __init__(self, ctx):
+        self._made = ctx.RawValue("q", 0)
+        self._idle = ctx.RawValue("d", 0.0)
+        self._busy = ctx.RawValue("d", 0.0)
+
+    @property
+    def made(self) -> int:
+        return self._made.value
+
+    @property
+    def idle_s(self) -> float:
+        return self._idle.value
+
+    @property
+    def generate_s(self) -> float:
+        return self._busy.value
+
+    def add(self, made: int = 0, idle_s: float = 0.0, generate_s: float = 0.0) -> None:
+        self._made.value += made
+        self._idle.value += idle_s
+        self._busy.value += generate_s
+
+
+def worker_main(cfg, weights, counts, out, spool, stop, start: int, end: int, device: str, parent: int) -> None:
+    """The worker process: generate batches start..end-1, each as a file in `spool` announced on
+    `out` as ("batch", j, version, path, episodes) and counted in `counts`; or write its error to
+    `spool`/ERROR_FILE and exit 1."""
+    # A process group's stop signal is the trainer's to act on: it checkpoints, then stops this
+    # process itself. Ignoring a pending signal discards it (the trainer blocked both around the
+    # start, so one sent while this process imported is pending, not fatal).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _die_with_parent(parent)
     try:
-        _generate(cfg, weights, out, spool, stop, start, end, torch.device(device))
+        _quiet()
+        _generate(cfg, weights, counts, out, spool, stop, start, end, torch.device(device))
     except BaseException as e:  # every way out is reported, then the process ends
         try:
-            out.put(("error", f"{type(e).__name__}: {e}"[:2000]), timeout=5)  # small: one atomic write
+            _last_words(spool, f"{type(e).__name__}: {e}")
         finally:
             raise SystemExit(1)
 
 
-def _generate(cfg, weights, out, spool, stop, start, end, device) -> None:
+def _quiet() -> None:
+    """No loading bars from the worker: they would go to the trainer's stderr (a run's log), and
+    tqdm's default lock is a multiprocessing semaphore, which a killed worker leaves registered
+    with the resource tracker (a "leaked semaphore" warning when the trainer exits). A thread lock
+    serves a process with one generating thread."""
+    import threading
+
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    tqdm.set_lock(threading.RLock())
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_warning()
+
+
+def _last_words(spool: str, text: str) -> None:
+    """The error as a file: complete or not there (written, then renamed). A message on the queue
+    could not be sent while the queue is full (the trainer in a long validation or checkpoint)."""
+    path = os.path.join(spool, ERROR_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _generate(cfg, weights, counts, out, spool, stop, start, end, device) -> None:
     from ..config import env_kwargs
     from ..engines import Sampling, make_engine
     from ..model.load import load_image_processor, load_policy
@@ -98,19 +167,19 @@ def _generate(cfg, weights, out, spool, stop, start, end, device) -> None:
         if version != have:
             engine.sync_weights(model)
             have = version
-        idle = time.perf_counter() - t0
         t1 = time.perf_counter()
-        engine.wake()
         ep = rollout(engine, tok, cfg.env.name, env_kwargs(cfg), group_seeds(cfg.train.seed, j, groups),
                      r.group_size, r.max_new_tokens, r.max_len, sampling, processor=processor)
-        engine.sleep()
-        item = ("batch", j, version, _spool(ep, spool, j), len(ep), idle, time.perf_counter() - t1)
-        while not stop.is_set():  # a full queue is the trainer behind: wait (idle too, counted with the next)
+        item = ("batch", j, version, _spool(ep, spool, j), len(ep))
+        t2 = time.perf_counter()
+        counts.add(made=len(ep), idle_s=t1 - t0, generate_s=t2 - t1)
+        while not stop.is_set():  # a full queue is the trainer behind: wait, idle
             try:
                 out.put(item, timeout=0.1)
                 break
             except queue_mod.Full:
                 continue
+        counts.add(idle_s=time.perf_counter() - t2)
         if stop.is_set():
             return
     while not stop.is_set():  # done: exiting now would look like a death to a trainer still training
@@ -140,15 +209,21 @@ def _unspool(path: str) -> Episodes:
 
 class AsyncBatches:
     """The trainer's side: the same calls as LockstepBatches (take, ahead, in_flight, state,
-    load), plus `publish` after each update and `close` at the end."""
+    load), plus `publish` after each update and `close` at the end. `generated`: episodes the
+    worker had generated by the latest `take` (or `close`)."""
 
     def __init__(self, cfg, model: torch.nn.Module, start: int, device: torch.device, spool):
+        from ..config.checks import device_refusal
         from .shared_weights import SharedWeights
 
+        why = device_refusal(cfg)
+        if why:  # before any process or file: the worker would fail on it after its imports
+            raise ValueError(why)
         r = cfg.rollout
         ctx = torch.multiprocessing.get_context("spawn")  # no fork of a process holding threads or CUDA
         self.weights = SharedWeights(model, ctx)
         self.weights.publish(model, start)
+        self.counts = WorkerCounts(ctx)
         self.out = ctx.Queue(maxsize=r.max_lag)
         self.stop = ctx.Event()
         # the batches on their way to the trainer; a killed run's leftovers go at the next start
@@ -158,67 +233,93 @@ class AsyncBatches:
         self.max_lag, self.end = r.max_lag, cfg.train.iterations
         where = str(device) if r.worker_device == "auto" else r.worker_device
         self.proc = ctx.Process(target=worker_main, name="freshper-generation",
-                                args=(cfg, self.weights, self.out, self.spool, self.stop, start, self.end, where,
-                                      os.getpid()))
-        self.proc.start()
+                                args=(cfg, self.weights, self.counts, self.out, self.spool, self.stop, start, self.end,
+                                      where, os.getpid()))
+        # The child inherits the signal mask through fork and exec: a stop signal sent to the
+        # process group while it imports (seconds) waits for worker_main to ignore it instead of
+        # killing it. This process's own is delivered when the mask is restored.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.pending: dict[int, Batch] = {}
-        self.generated = 0  # episodes received from the worker
+        self.death: str | None = None  # how the worker ended, once GenerationWorkerDied said it
+        self.unseen_death: str | None = None  # how it ended on its own where no take() saw it (close)
+        self.generated = 0
+        self.taken = 0  # episodes of the batches take() returned
         self.wait_s = 0.0  # the trainer's seconds blocked on the worker
-        self.worker_idle_s = self.worker_gen_s = 0.0  # the worker's, as it reported them
 
-    def _receive(self, timeout: float | None) -> bool:
+    @property
+    def worker_idle_s(self) -> float:
+        return self.counts.idle_s
+
+    @property
+    def worker_gen_s(self) -> float:
+        return self.counts.generate_s
+
+    def _receive(self, timeout: float | None, dead_ok: bool = False) -> bool:
         """Take one message from the worker, waiting up to `timeout` seconds (None: not at all);
-        returns whether a batch arrived. Raises GenerationWorkerDied on its error or its death."""
+        returns whether a batch arrived. Raises GenerationWorkerDied on its error or its death,
+        unless `dead_ok` (then returns False)."""
         try:
             item = self.out.get(timeout=timeout) if timeout is not None else self.out.get_nowait()
         except queue_mod.Empty:
-            if self.proc.is_alive():
+            if dead_ok or self.proc.is_alive():
                 return False
-            try:  # its last words may have reached the pipe just before it ended
+            try:  # what it sent just before it ended may still be in the pipe
                 item = self.out.get(timeout=0.5)
             except queue_mod.Empty:
-                raise GenerationWorkerDied(f"the generation worker died (exit code {self.proc.exitcode}) without a "
-                                           "word: killed, or out of memory") from None
-        if item[0] == "error":
-            self.proc.join(5)
-            raise GenerationWorkerDied(f"the generation worker failed: {item[1]}")
-        _, j, version, path, _, idle, gen = item
-        b = Batch(_unspool(path), version, j)
-        self.pending[j] = b
-        self.generated += len(b.episodes)
-        self.worker_idle_s += idle
-        self.worker_gen_s += gen
+                self.death = self._how_it_ended()
+                raise GenerationWorkerDied(self.death) from None
+        _, j, version, path, _ = item
+        self.pending[j] = Batch(_unspool(path), version, j)
         return True
+
+    def _how_it_ended(self) -> str:
+        self.proc.join(5)
+        try:
+            with open(os.path.join(self.spool, ERROR_FILE)) as f:
+                return f"the generation worker failed: {f.read()}"
+        except FileNotFoundError:
+            return (f"the generation worker died (exit code {self.proc.exitcode}) without a word: killed, or out of "
+                    "memory")
 
     def take(self, t: int) -> Batch:
         t0 = time.perf_counter()
         while t not in self.pending:
             self._receive(timeout=0.5)
-        while self._receive(timeout=None):  # what else has arrived: counted now
+        while self._receive(timeout=None, dead_ok=True):  # what else has arrived (a death: at the next take)
             pass
         self.wait_s += time.perf_counter() - t0
         b = self.pending.pop(t)
         if not 0 <= t - b.version <= self.max_lag:
             raise GenerationWorkerDied(f"batch {t} came from version {b.version}: outside rollout.max_lag "
                                        f"{self.max_lag} (a worker bug)")
+        self.taken += len(b.episodes)
+        self.generated = self.counts.made
         return b
 
     def ahead(self, t: int) -> int:
         return 0  # the worker generates ahead by itself
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: torch.nn.Module, version: int) -> float:
+        """Hand the worker `model`'s weights as `version`; returns the seconds it took."""
         from .shared_weights import ReaderDied
 
+        t0 = time.perf_counter()
         try:
             self.weights.publish(model, version, reader_alive=self.proc.is_alive)
         except ReaderDied:
             # killed while it copied the weights: no one reads them now, and the next take()
             # raises GenerationWorkerDied between iterations, where a checkpoint is consistent
-            return
+            pass
+        return time.perf_counter() - t0
 
     def in_flight(self) -> int:
-        """Episodes received and not yet taken (more may be in the worker's queue)."""
-        return sum(len(b.episodes) for b in self.pending.values())
+        """Episodes the worker had generated by the latest take() that no take() has returned:
+        received, in its queue, or spooled and waiting for room in it."""
+        return self.generated - self.taken
 
     def state(self) -> None:
         return None  # in-flight batches are generated again on resume, with the weights resumed from
@@ -228,22 +329,25 @@ class AsyncBatches:
 
     def close(self) -> int:
         """Stop the worker and wait for it (at most a few seconds, then kill); returns the
-        episodes it had generated that no update took (received, or waiting in its queue), which
-        `generated` then counts too. A batch still being generated is abandoned unfinished."""
+        episodes it had generated that no update took, which `generated` then counts too. A batch
+        still being generated is abandoned unfinished, and not counted. A worker that had ended on
+        its own unseen leaves how in `unseen_death`."""
         self.stop.set()
-        lost = self.in_flight()
         deadline = time.monotonic() + 10
         while self.proc.is_alive() and time.monotonic() < deadline:
-            try:  # drain, so a worker blocked on a full queue can see the stop
-                item = self.out.get(timeout=0.1)
-                if item[0] == "batch":
-                    lost += item[4]
-                    self.generated += item[4]
+            try:  # read what it sent: a process exits only once its queue's data is in the pipe
+                self.out.get(timeout=0.1)
             except queue_mod.Empty:
                 pass
-        if self.proc.is_alive():  # mid-batch (it checks the stop between batches): it ignores SIGTERM
+        killed = self.proc.is_alive()
+        if killed:  # mid-batch (it checks the stop between batches): it ignores SIGTERM
             self.proc.kill()
         self.proc.join()
+        if not killed and self.proc.exitcode != 0 and self.death is None:
+            # it ended on its own in the run's last iteration (a signal it should have ignored,
+            # an error): the run stopped anyway, but say so
+            self.unseen_death = self._how_it_ended()
+        self.generated = self.counts.made
         self.pending.clear()
         shutil.rmtree(self.spool, ignore_errors=True)
-        return lost
+        return self.generated - self.taken

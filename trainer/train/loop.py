@@ -68,6 +68,8 @@ class Trainer:
     before the on-policy update instead of taking them from the update's first forward (the same
     numbers, one forward more): a check of that equality (tests/trainer/model/test_update_passes.py)."""
 
+    _engine_behind = False  # the engine's weights are older than the policy's (rollout.asynchronous)
+
     def __init__(self, cfg: Config, run_dir: Path, resume: bool = False, dist: Dist = SINGLE):
         self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
         check_world(cfg, dist.world)
@@ -320,8 +322,10 @@ class Trainer:
             with P("eval"):
                 ev = {**self.evaluate(), "eval_env_steps": self.env_steps}
         _, first = self._my_groups(it)
+        here = not isinstance(self.batches, AsyncBatches)  # else the worker generates, and this engine validates
         with P("rollout"):
-            self.engine.wake()
+            if here:
+                self.engine.wake()
             made = self.batches.generated
             batch = self.batches.take(it)
             ep = batch.episodes
@@ -330,10 +334,11 @@ class Trainer:
             if not last:  # the batches these weights generate for later iterations (lag > 0)
                 self.batches.ahead(it)
             generated = self.batches.generated - made
-            self.engine.sleep()
+            if here:
+                self.engine.sleep()
         a = cfg.algo
         how = treat(a.staleness, it, batch.version, tau=self.drift.tau if self.drift is not None else a.tau,
-                    max_age=a.max_age, stale_tis_cap=a.stale_tis_cap)
+                    max_age=a.stale_max_age, stale_tis_cap=a.stale_tis_cap)
         batch_lag = how.age  # versions between this batch's weights and these
         staleness = {"batch_age": how.age, "batch_weight": how.lr_scale,
                      "episodes_generated": generated * self.dist.world, "episodes_dropped": 0 if how.keep else episodes,
@@ -349,9 +354,11 @@ class Trainer:
             replay = self._replay(it)
 
         with P("weight_sync"):
-            sync_s = self.engine.sync_weights(self.model)
-            if isinstance(self.batches, AsyncBatches):  # the worker's next batches use these weights
-                self.batches.publish(self.model, it + 1)
+            if here:
+                sync_s = self.engine.sync_weights(self.model)
+            else:  # the worker's next batches use these weights; this engine gets them before a validation
+                sync_s = self.batches.publish(self.model, it + 1)
+                self._engine_behind = True
         if cfg.eval.every and last:  # and the trained policy, after the last iteration
             with P("eval"):
                 ev.update({f"final_{k}": v for k, v in self.evaluate().items()},
@@ -427,7 +434,7 @@ class Trainer:
         rows = []
         bins = torch.zeros(2, 32, dtype=torch.float64, device=self.device)  # KL sum and count per age bin
         by_gen_age: dict[int, list[float]] = {}  # generation age -> [rows, KL sum, IS-weight sum]
-        if a.max_age:  # the hard staleness gate: nothing older than max_age iterations is replayed
+        if a.max_age:  # the replay age limit: nothing older than max_age iterations is replayed
             with P("sample"):
                 self.buffer.evict_older_than(it - a.max_age)
         for _ in range(self.K):
@@ -525,6 +532,9 @@ class Trainer:
         cuda = [self.device] if self.device.type == "cuda" else []
         chunk = e.batch or share  # states played at once: their key/value caches are the validation's peak memory
         parts, sums = [], {}
+        if self._engine_behind:  # rollout.asynchronous: synced for a validation, not after every update
+            self.engine.sync_weights(self.model)
+            self._engine_behind = False
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
             for i in range(0, share, chunk):
@@ -577,7 +587,7 @@ class Trainer:
         self.interrupted = False
         self.trackers = Trackers(self.tracker_names, self.run_dir, cfg.to_dict(), self.resumed or self.iteration > 0)
         with stop_on_signals(self, self.cfg.train.stop_grace) as stops, closing(self.trackers), _logging_above(bar), \
-                self._generation():
+                self._generation(end):
             while self.iteration < end and not self.interrupted:
                 if self._finished(self.iteration, self.env_steps):
                     log.info("env-step budget %d reached at iteration %d", cfg.train.env_step_budget, self.iteration)
@@ -604,14 +614,16 @@ class Trainer:
         return rows
 
     @contextmanager
-    def _generation(self):
+    def _generation(self, end: int):
         """rollout.asynchronous: the generation worker runs while the loop does; it starts from the
         weights and the iteration the run is at, and it is stopped whatever way the loop ends. If
         it dies, the checkpoint of where the run is (the iteration that found it had changed
-        nothing yet) is written before the error goes up."""
-        if not self.cfg.rollout.asynchronous:
+        nothing yet) is written before the error goes up. A run with nothing left to do before
+        iteration `end` (a finished run resumed) starts none."""
+        if not self.cfg.rollout.asynchronous or self._finished(self.iteration, self.env_steps) or self.iteration >= end:
             yield
             return
+        self.engine.sleep()  # this engine validates only now: its memory is the worker's between validations
         self.batches = AsyncBatches(self.cfg, self.model, self.iteration, self.device, self.run_dir / ".batches")
         log.info("generation worker started (pid %d): batches from iteration %d, at most %d versions old",
                  self.batches.proc.pid, self.iteration, self.cfg.rollout.max_lag)
@@ -625,6 +637,8 @@ class Trainer:
             lost = self.batches.close()
             log.info("generation worker stopped: %d episodes generated, %d of them in flight and discarded (a resume "
                      "generates those batches again)", self.batches.generated, lost)
+            if self.batches.unseen_death:
+                log.warning("%s, before the run stopped", self.batches.unseen_death)
 
     def _worker_times(self) -> dict:
         """rollout.asynchronous: this iteration's seconds the trainer waited for a batch, and the

@@ -81,10 +81,13 @@ def rollout(engine, tokenizer, env_name: str, env_kwargs: dict, seeds: list[int]
         eps.append(Episode(tokenizer, env.opening(state, max_new_tokens), env.images(),
                            processor if vision else None))
     E = len(envs)
-    if len(eps[0]) + max_new_tokens > max_len:
-        raise ValueError(f"rollout.max_len={max_len} cannot hold even the first turn: its prompt has {len(eps[0])} "
-                         f"tokens and a reply up to {max_new_tokens}; raise rollout.max_len to at least "
-                         f"{len(eps[0]) + max_new_tokens}")
+    # Every episode's, not the first's: initial states' prompts differ in length, and a reply past
+    # max_len would not fit its row below ("the expanded size of the tensor (235) must match...").
+    longest = max(range(E), key=lambda i: len(eps[i]))
+    if len(eps[longest]) + max_new_tokens > max_len:
+        raise ValueError(f"rollout.max_len={max_len} cannot hold even the first turn of the episode from initial state "
+                         f"{seeds[longest // group_size]}: its prompt has {len(eps[longest])} tokens and a reply up to "
+                         f"{max_new_tokens}; raise rollout.max_len to at least {len(eps[longest]) + max_new_tokens}")
     ended = torch.zeros(E, dtype=torch.bool)
     valid = torch.zeros(E, dtype=torch.float32)
     # what each episode earned, summed from the StepResults its env returned (the one source)

@@ -15,7 +15,7 @@ LLM framework gates it (drops it past a bound); FreshPER keeps it, and can weigh
 - ess: as `is`, and the learning rate multiplied by sqrt(ESS / N) of the batch's sequence-level
   importance ratios against the engine's log-probs (VCPO, arXiv 2602.17616): the step shrinks as
   the generating policy's samples stop representing the current one, whatever their age.
-- gate: as `is`, but a batch older than algo.max_age is dropped: its generation is wasted,
+- gate: as `is`, but a batch older than algo.stale_max_age is dropped: its generation is wasted,
   and counted (TRL's max_staleness, verl's staleness_threshold, slime's max policy-version lag).
 
 Under is, decay and ess a stale batch is born in the buffer at v, so replay (FreshPER's key) decays

@@ -53,3 +53,19 @@ def test_a_run_from_before_the_staleness_option_resumes_with_its_old_behaviour(t
     new = tmp_path / "new.yaml"
     new.write_text("rollout:\n  lag: 1\nalgo:\n  staleness: decay\n")
     assert C.load("tiny", str(new), run_config=True).algo.staleness == "decay"
+
+
+def test_a_gated_run_from_before_stale_max_age_resumes_with_its_old_gate(tmp_path):
+    """Before algo.stale_max_age, algo.max_age was both the staleness gate and the replay buffer's
+    age limit: such a run's config.yaml resumes with both as they were; a new file must name the
+    gate's own limit."""
+    old = tmp_path / "old.yaml"
+    old.write_text("rollout:\n  lag_probs: 0.5,0.5\nalgo:\n  mode: per\n  staleness: gate\n  max_age: 4\n")
+    a = C.load("tiny", str(old), run_config=True).algo
+    assert (a.stale_max_age, a.max_age) == (4, 4)
+    with pytest.raises(ValueError, match="algo.stale_max_age >= 1"):
+        C.load("tiny", str(old))
+    new = tmp_path / "new.yaml"
+    new.write_text("rollout:\n  lag_probs: 0.5,0.5\nalgo:\n  staleness: gate\n  stale_max_age: 2\n")
+    a = C.load("tiny", str(new), run_config=True).algo
+    assert (a.stale_max_age, a.max_age) == (2, 0)

@@ -128,3 +128,33 @@ def test_flash_attention_without_flash_attn_is_refused_before_anything_is_built(
     assert why is not None and "model.attn=flash_attention_2 but flash-attn is not installed" in why
     assert "--model.attn sdpa" in why
     assert missing_install(C.load("tiny", None, {"model.attn": "sdpa"})) is None
+
+
+def test_the_generation_workers_device_is_refused_where_this_machine_cannot_place_it(monkeypatch):
+    """rollout.worker_device names a GPU the machine has, and two vLLM engines on the trainer's GPU
+    leave it memory for training; checked on a machine given two (faked) CUDA devices."""
+    import torch
+
+    from freshper.trainer.config.checks import device_refusal
+
+    def why(**over):
+        return device_refusal(C.load("tiny", None, {"rollout.asynchronous": True, **over}))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert why(**{"rollout.worker_device": "cuda"}) == ("rollout.worker_device='cuda': this machine has no CUDA "
+                                                         "device; allowed: auto, cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert why(**{"rollout.worker_device": "cuda:7"}) == (
+        "rollout.worker_device='cuda:7': this machine has CUDA devices cuda:0 to cuda:1; allowed: auto, cpu, cuda or "
+        "cuda:N with N < 2")
+    vllm = {"rollout.engine": "vllm", "rollout.gpu_memory_utilization": 0.6}
+    for shared in ("auto", "cuda", "cuda:0"):
+        assert "=0.6 of its memory: 1.2 in all leaves none for training" in why(**vllm,
+                                                                                 **{"rollout.worker_device": shared})
+    assert why(**vllm, **{"rollout.worker_device": "cuda:1"}) is None, "a GPU of its own"
+    assert why(**{**vllm, "rollout.gpu_memory_utilization": 0.45}) is None
+    assert why(**{**vllm, "rollout.engine": "hf"}) is None, "the HF engine holds no memory of its own"
+    assert why(**vllm, **{"train.device": "cpu"}) is None, "the trainer on the CPU"
+    assert why(**{"rollout.worker_device": "cuda:1"}) is None

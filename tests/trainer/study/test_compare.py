@@ -106,8 +106,13 @@ def test_arms_resolve_against_the_run_config(tmp_path):
     from freshper.trainer.study.compare import plan
 
     given = {"algo.replay_updates": 3, "train.threads": 2, "env.format_penalty": -1e-3}
-    jobs = plan(tmp_path, "math-cpu", ["on-policy-matched", "per-gate", "freshper"], 1, 100, given, None, 6)
+    jobs = plan(tmp_path, "math-cpu", ["on-policy-matched", "per-gate", "freshper", "stale-gate"], 1, 100, given,
+                None, 6, lag_probs="0.5,0.5")
     cmds = {j["label"]: j["cmd"] for j in jobs}
+    # the staleness gate alone, as the registered staleness study ran it: the replay buffer keeps its own limit
+    assert "--algo.stale_max_age=6" in cmds["stale-gate"] and "--algo.staleness=gate" in cmds["stale-gate"]
+    assert not any(a.startswith("--algo.max_age") for a in cmds["stale-gate"])
+    assert not any(a.startswith("--algo.stale_max_age") for a in cmds["per-gate"])
     assert "--algo.onpolicy_passes=4" in cmds["on-policy-matched"]
     assert "--algo.mode=on-policy" in cmds["on-policy-matched"]
     assert "--algo.max_age=6" in cmds["per-gate"] and "--algo.mode=per" in cmds["per-gate"]
@@ -130,6 +135,7 @@ def test_arms_resolve_against_the_run_config(tmp_path):
     (["--train.name", "x"], "use --name"),
     (["--algo.mode", "per"], "defines arm 'on-policy'"),
     (["--algo.max_age", "3"], "use --max-age"),
+    (["--arms", "stale-gate", "--lag-probs", "0.5,0.5", "--algo.stale_max_age", "3"], "use --max-age"),
 ])
 def test_compare_flags_it_sets(tmp_path, capsys, monkeypatch, flag, msg):
     """A flag compare sets for each run is refused up front in one line (or, for its defaults,

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 # `spawned` (tests/trainer/conftest.py) kills each trainer process a test started, whatever happens.
+# A run that never stops fails its test by name after this many seconds (each test's own waits
+# for its runs add up to at most about 600 s).
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_sigint_checkpoints_and_says_how_to_resume(tmp_path, spawned):

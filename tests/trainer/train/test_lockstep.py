@@ -154,18 +154,24 @@ def test_is_corrects_a_stale_batch_and_none_does_not(tmp_path):
 
 
 def test_the_gate_drops_what_is_too_old_and_counts_it(tmp_path):
-    tr, rows = run(tmp_path, "gate", **{"rollout.lag_probs": "0.5,0,0.5", "algo.staleness": "gate",
-                                        "algo.max_age": 1, "train.iterations": 8})
+    tr, rows = run(tmp_path, "gate", **{"rollout.lag_probs": "0.2,0.4,0.4", "algo.staleness": "gate",
+                                        "algo.stale_max_age": 1, "train.iterations": 8, "algo.mode": "uniform",
+                                        "algo.replay_updates": 1, "algo.capacity": 1000})
     dropped = [r for r in rows if r["batch_age"] > 1]
     assert dropped, "the seed draws some lag 2"
+    assert any(r["batch_age"] == 1 for r in rows), "the seed draws some lag 1: a batch at the limit, kept"
     assert all(r["episodes_dropped"] == 8 and "loss" not in r for r in dropped)
     assert all(r["episodes_dropped"] == 0 and "loss" in r for r in rows if r["batch_age"] <= 1)
     assert rows[-1]["episodes_dropped_total"] == 8 * len(dropped)
     assert sum(r["episodes_generated"] for r in rows) == 64, "dropped generation is still generated"
+    kept = [r for r in rows if r["batch_age"] <= 1]
+    assert rows[-1]["buffer_size"] == 8 * len(kept), "the replay buffer's age limit (algo.max_age) stays off"
 
 
 @pytest.mark.parametrize("over, match", [({"rollout.lag": 1, "rollout.lag_probs": "0.5,0.5"}, "give one"),
-                                         ({"algo.staleness": "gate"}, "algo.max_age >= 1")])
+                                         ({"algo.staleness": "gate"}, "algo.stale_max_age >= 1"),
+                                         ({"algo.staleness": "gate", "algo.max_age": 4}, "algo.stale_max_age >= 1"),
+                                         ({"algo.stale_max_age": 4}, "the limit of algo.staleness gate")])
 def test_contradictory_staleness_options_are_refused(over, match):
     with pytest.raises(ValueError, match=match):
         config.load("tiny", None, over)

@@ -152,3 +152,23 @@ def test_cut_at_stop_finds_strings_across_tokens():
     assert cut_at_stop(Chars(), ids, ("</search>",)) == len("ab</search>")
     assert cut_at_stop(Chars(), ids, ("zz",)) == len(ids) and cut_at_stop(Chars(), ids, ()) == len(ids)
     assert cut_at_stop(Chars(), ids, ("zz", "b<")) == 3, "the first occurrence of any"
+
+
+def test_every_episodes_first_prompt_must_fit_not_only_the_first_ones():
+    """Initial states' prompts differ in length. With a rollout.max_len that holds episode 0's
+    first turn but not another's prompt and its reply, that reply used to run past its row:
+    "The expanded size of the tensor (235) must match the existing size (237)" (seen once in a
+    generation worker's first batch). Refused in one line naming the option instead."""
+    from freshper.trainer.envs import make_env
+
+    cfg, model, tok = setup()
+    name, n = "tests.trainer.train.uneven_prompt_env:UnevenLake", cfg.rollout.max_new_tokens
+    lengths = []
+    for seed in (2, 3):
+        env = make_env(name, **env_kwargs(cfg))
+        lengths.append(len(Episode(tok, env.opening(env.reset(seed), n))))
+    short, long = lengths
+    assert short + n <= long, "the odd state's prompt alone is longer than the even one's first turn"
+    with pytest.raises(ValueError, match=f"rollout.max_len={long} cannot hold even the first turn of the episode "
+                                         f"from initial state 3: its prompt has {long} tokens"):
+        rollout(HFEngine(model, tok), tok, name, env_kwargs(cfg), [2, 3], 2, n, long, FULL)
