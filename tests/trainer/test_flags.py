@@ -36,7 +36,7 @@ def test_parsed_values(argv, want):
     (["--algo.mode", "sometimes"], "algo.mode must be one of"),
     (["--algo.tau", "0"], "algo.tau must be > 0"),
     # a list of numbers that starts with a negative one is a value too, refused by its own rule
-    (["--rollout.lag_probs", "-0.5,1.5"], "rollout.lag_probs must be empty, or comma-separated probabilities >= 0"),
+    (["--rollout.lag_probs", "-0.5,1.5"], "rollout.lag_probs must be empty, comma-separated probabilities >= 0"),
 ])
 def test_errors_are_one_line_naming_the_flag(argv, msg):
     with pytest.raises(ValueError) as e:
