@@ -29,6 +29,7 @@ from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
 from ..config import Config
 from ..dist import SINGLE, Dist
+from .batch_weight import weigh_momentum
 from .load import full_attention
 from .lora import adapters_off, has_lora
 from .loss_scale import LossScale
@@ -210,17 +211,19 @@ class Policy:
 
     # ------------------------------------------------------------------------- the update
     def update(self, tokens, mask, old_logp, adv, weights=None, tis_logp=None, vision=None, tis_cap=None,
-               lr_scale: float = 1.0, ess_lr: bool = False) -> dict:
+               batch_weight: float = 1.0, ess_lr: bool = False) -> dict:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
         (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
-        rows. `lr_scale` multiplies this step's learning rate, so the parameters move by exactly
-        that factor times what the step would move them (AdamW's step and its decoupled weight
-        decay are both proportional to the learning rate, from the same optimizer state): the
-        one place a weight of a whole batch survives the gradient clip and Adam's normalisation,
-        which divide any uniform factor on the loss back out. `ess_lr`: also multiply it by
-        sqrt(ESS / R) of the rows' sequence-level importance ratios pi_theta(y) / mu(y) against
-        the engine's `tis_logp` (VCPO, Huang et al. 2026, arXiv 2602.17616: their default sqrt
-        rule, unclipped ratios, ESS = (sum w)^2 / sum w^2); "lr_scale" and "ess" come back.
+        rows. `batch_weight` in [0, 1] multiplies the clipped gradient where it enters AdamW's
+        first moment, not its second (trainer/model/batch_weight.py): the rows' contribution to
+        this step and to the momentum that carries it on is that factor times what it would be,
+        while the step's scale stays as the rows at weight 1 make it. (A factor on the loss would
+        not act: the clip divides it back out.) `ess_lr`: multiply this step's learning rate by
+        sqrt(ESS / R) of the rows' sequence-level importance ratios pi_theta(y) / mu(y) against the
+        engine's `tis_logp` (VCPO, Huang et al. 2026, arXiv 2602.17616: their default sqrt rule,
+        unclipped ratios, ESS = (sum w)^2 / sum w^2); a learning-rate factor shrinks the whole
+        step, the momentum of earlier batches included, while these rows' gradient still enters
+        the momentum in full. "batch_weight", and with `ess_lr` "ess" and "lr_scale", come back.
         Returns detached scalar stats and two estimates (R,) of each row's per-token KL(mu || pi)
         from this update's own log-probs, means over its response tokens with d = logp - old_logp:
         "row_kl", k3 = e^d - 1 - d (never negative; what the metrics and freshper-auto use), and
@@ -232,8 +235,8 @@ class Policy:
         `tis_cap`: the truncated IS cap for these rows (None: algo.tis_cap; a stale batch's is
         algo.stale_tis_cap, trainer/train/staleness.py)."""
         a = self.cfg.algo
-        if not (math.isfinite(lr_scale) and 0 < lr_scale <= 1):
-            raise ValueError(f"lr_scale={lr_scale}: expected a number in (0, 1]")
+        if not (math.isfinite(batch_weight) and 0 <= batch_weight <= 1):
+            raise ValueError(f"batch_weight={batch_weight}: expected a number in [0, 1]")
         if ess_lr and tis_logp is None:
             raise ValueError("ess_lr needs tis_logp, the engine's log-probs the importance ratios are taken against")
         cap = a.tis_cap if tis_cap is None else tis_cap
@@ -322,18 +325,17 @@ class Policy:
             raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
         else:
             step = True
-        ess = None
-        if seq_log_ratio is not None:
-            ess = self._ess_fraction(seq_log_ratio, resp.any(1))
-            lr_scale = lr_scale * math.sqrt(ess)
+        ess = self._ess_fraction(seq_log_ratio, resp.any(1)) if seq_log_ratio is not None else None
+        lr_scale = 1.0 if ess is None else math.sqrt(ess)
         if step:
-            scaled = [g["lr"] for g in self.opt.param_groups]
+            weigh_momentum(self.opt, batch_weight)  # after the clip, into Adam's first moment only
+            scheduled = [g["lr"] for g in self.opt.param_groups]
             for g in self.opt.param_groups:
                 g["lr"] *= lr_scale
             try:
                 self.opt.step()
             finally:
-                for g, lr in zip(self.opt.param_groups, scaled):
+                for g, lr in zip(self.opt.param_groups, scheduled):
                     g["lr"] = lr
             self.sched.step()
         else:
@@ -343,7 +345,7 @@ class Policy:
                 t[order] = t.clone()
         return {"loss": vals[0], "clip_frac": vals[1], "ratio_mean": vals[2], "kl_mean": vals[3],
                 "grad_norm": vals[4], "tokens": int(vals[5]), "row_kl": row_kl, "row_kl1": row_kl1,
-                "lr_scale": lr_scale, **({"ess": ess} if ess is not None else {}),
+                "batch_weight": batch_weight, **({"ess": ess, "lr_scale": lr_scale} if ess is not None else {}),
                 **({"logp": old_logp} if own else {})}
 
     def _ess_fraction(self, log_ratio: torch.Tensor, rows: torch.Tensor) -> float:
@@ -354,6 +356,12 @@ class Policy:
         top = self.dist.max(x.max().reshape(1) if x.numel() else x.new_full((1,), -math.inf))[0]
         w = torch.exp(x - top) if math.isfinite(top) else torch.zeros_like(x)  # no row on any rank: ESS 1
         s = self.dist.sum(torch.stack([w.sum(), (w * w).sum(), rows.sum().double()]))
-        return float(s[0] ** 2 / (s[1] * s[2])) if s[2] > 0 else 1.0
+        if s[2] == 0:
+            return 1.0
+        ess = float(s[0] ** 2 / (s[1] * s[2]))
+        if not math.isfinite(ess):  # an infinite log-ratio: a sampled token the engine gave probability 0
+            raise FloatingPointError(f"the importance ratios' ESS is {ess}: a row's log pi - log mu is not finite "
+                                     "(the engine's log-prob of a token it sampled is -inf?)")
+        return ess
 
 # ------------------------------------------------------------------------- warm start (SFT)

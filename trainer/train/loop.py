@@ -340,7 +340,7 @@ class Trainer:
         how = treat(a.staleness, it, batch.version, tau=self.drift.tau if self.drift is not None else a.tau,
                     max_age=a.stale_max_age, stale_tis_cap=a.stale_tis_cap)
         batch_lag = how.age  # versions between this batch's weights and these
-        staleness = {"batch_age": how.age, "batch_weight": how.lr_scale,
+        staleness = {"batch_age": how.age, "batch_weight": how.weight,
                      "episodes_generated": generated * self.dist.world, "episodes_dropped": 0 if how.keep else episodes,
                      "episodes_in_flight": self.batches.in_flight() * self.dist.world, **self._worker_times()}
         self.dropped += 0 if how.keep else episodes  # the gate: generation wasted; replay updates still run
@@ -394,7 +394,7 @@ class Trainer:
             with P("logprob_recompute"):
                 old_logp = self.policy.logprobs(tokens, mask, vision=ep.vision)
         adv, tok_adv = self._advantages(score, group, mask)
-        step = {"tis_cap": how.tis_cap, "lr_scale": how.lr_scale, "ess_lr": how.ess_lr}  # its staleness
+        step = {"tis_cap": how.tis_cap, "batch_weight": how.weight, "ess_lr": how.ess_lr}  # its staleness
         with P("onpolicy_update"):
             on = self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision, **step)
             if old_logp is None:
@@ -402,7 +402,7 @@ class Trainer:
             passes = [self.policy.update(tokens, mask, old_logp, tok_adv, None, elogp, vision=ep.vision, **step)
                       for _ in range(cfg.algo.onpolicy_passes - 1)]
         row = {**rollout_signal(score, group, mask, elogp), **self._engine_check(old_logp, elogp, mask)}
-        if how.ess_lr:  # the first pass's: the ESS of the importance ratios and the step scale it gave
+        if how.ess_lr:  # the first pass's: the ESS of the importance ratios and the learning-rate factor it gave
             row.update(batch_ess=on["ess"], batch_lr_scale=on["lr_scale"])
         if passes:  # the further passes over the fresh batch: how far they moved from its old policy
             row.update({f"pass_{k}": sum(p[k] for p in passes) / len(passes)

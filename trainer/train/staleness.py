@@ -8,13 +8,14 @@ LLM framework gates it (drops it past a bound); FreshPER keeps it, and can weigh
 - is: keep it; truncated IS with the log-probs the engine recorded, capped at
   algo.stale_tis_cap, corrects the update for the policy that generated it (the ratio's old policy
   is the trainer's current one, its first forward: decoupled PPO).
-- decay: as `is`, and the update's learning rate multiplied by exp(-age / tau), so the batch moves
-  the weights exactly exp(-age / tau) times as far as `is` would from the same optimizer state:
-  FreshPER's decay applied to the step that trains on the batch. (A weight on the batch's loss
-  would not act: the gradient clip and Adam divide a uniform factor back out.)
-- ess: as `is`, and the learning rate multiplied by sqrt(ESS / N) of the batch's sequence-level
-  importance ratios against the engine's log-probs (VCPO, arXiv 2602.17616): the step shrinks as
-  the generating policy's samples stop representing the current one, whatever their age.
+- decay: as `is`, and the batch's clipped gradient multiplied by exp(-age / tau) before AdamW, so
+  its contribution to this step and to the momentum that carries it into later steps is that
+  factor times what `is` gives it: FreshPER's decay applied to the update that trains on the
+  batch. (A weight on its loss would not act: the gradient clip divides a uniform factor back out.)
+- ess: as `is`, and the step's learning rate multiplied by sqrt(ESS / N) of the batch's
+  sequence-level importance ratios against the engine's log-probs (VCPO, arXiv 2602.17616): a
+  smaller step where few trajectories carry the importance weight. The ratios are against the
+  distribution the engine sampled from, so temperature, top-k and top-p lower the ESS too.
 - gate: as `is`, but a batch older than algo.stale_max_age is dropped: its generation is wasted,
   and counted (TRL's max_staleness, verl's staleness_threshold, slime's max policy-version lag).
 
@@ -33,13 +34,13 @@ STALENESS = ("none", "is", "decay", "ess", "gate")
 
 @dataclass(frozen=True)
 class Treatment:
-    """How one batch is trained: `keep` it or drop it (the gate); `lr_scale`, the factor its
-    update's learning rate is multiplied by (1: the synchronous step); `ess_lr`, whether the
-    update also scales it by sqrt(ESS / N) of its importance ratios; `tis_cap` for its truncated IS
-    (None: algo.tis_cap as for a fresh batch); `birth`, the buffer step it is born at (its key's b)."""
+    """How one batch is trained: `keep` it or drop it (the gate); `weight`, the factor on its
+    clipped gradient (1: the synchronous step); `ess_lr`, whether the update scales its learning
+    rate by sqrt(ESS / N) of the batch's importance ratios; `tis_cap` for its truncated IS (None:
+    algo.tis_cap as for a fresh batch); `birth`, the buffer step it is born at (its key's b)."""
     age: int
     keep: bool
-    lr_scale: float
+    weight: float
     ess_lr: bool
     tis_cap: float | None
     birth: int
@@ -58,5 +59,5 @@ def treat(mode: str, iteration: int, version: int, *, tau: float, max_age: int, 
     if mode == "none":
         return Treatment(age, True, 1.0, False, None, iteration)
     keep = mode != "gate" or age <= max_age
-    scale = math.exp(-age / tau) if mode == "decay" else 1.0
-    return Treatment(age, keep, scale, mode == "ess", stale_tis_cap, version)
+    weight = math.exp(-age / tau) if mode == "decay" else 1.0  # may be 0 for tau << age: the batch then adds nothing
+    return Treatment(age, keep, weight, mode == "ess", stale_tis_cap, version)
