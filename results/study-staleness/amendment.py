@@ -55,6 +55,14 @@ def main() -> None:
     diff = final["stale-decay"] - final["stale-is"]
     print(f"\nfinal validation, stale-decay - stale-is: mean {diff.mean():+.3f}, SD {diff.std(ddof=1):.3f}, "
           f"identical on {int(np.sum(diff == 0))} of 16 seeds")
+    gate = np.array([[r for r in rows("stale-gate", s) if "final_eval_success" in r][-1]["final_eval_success"]
+                     for s in SEEDS])
+    d = final["stale-is"] - gate
+    from scipy import stats
+
+    h = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / d.size ** 0.5
+    print(f"stale-is - stale-gate (not registered; the IS arm itself against the gate): mean {d.mean():+.3f}, "
+          f"95% [{d.mean() - h:+.3f}, {d.mean() + h:+.3f}], higher on {int(np.sum(d > 0))}/16")
 
 
 if __name__ == "__main__":
