@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "RESULTS.md", "BENCHMARKS.md", "results/HISTORY.md", "results/PILOTS.md",
          "results/benchmarks/HISTORY.md",
-         *(f"results/study-{s}/README.md" for s in ("multiply", "frozenlake", "precision-cpu", "staleness"))]
+         *(f"results/study-{s}/README.md" for s in ("multiply", "frozenlake", "precision-cpu", "staleness",
+                                                              "stale-replay"))]
 HASH7 = re.compile(r"(?<![0-9a-zA-Z_/.-])([0-9a-f]{7})(?![0-9a-zA-Z_-])")
 HEAD = """# Commits the figures name
 

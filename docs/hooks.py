@@ -16,8 +16,8 @@ TOP = {"results.md": "RESULTS.md", "benchmark-tables.md": "BENCHMARKS.md", "hist
        "multiply-secondaries.md": "results/compare-study-multiply/secondaries.md",
        "frozenlake-secondaries.md": "results/compare-study-frozenlake/secondaries.md",
        **{f"{name}-{page}.md": f"results/study-{folder}/{file}"  # each pre-registered study's folder
-          for name, folder in (("staleness", "staleness"), ("precision", "precision-cpu"),
-                               ("frozenlake", "frozenlake"), ("multiply", "multiply"))
+          for name, folder in (("stale-replay", "stale-replay"), ("staleness", "staleness"),
+                               ("precision", "precision-cpu"), ("frozenlake", "frozenlake"), ("multiply", "multiply"))
           for page, file in (("registration", "REGISTRATION.md"), ("study", "README.md"))}}
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")

@@ -23,7 +23,8 @@ from freshper.trainer.study import chance, compare
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "RESULTS.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Each pre-registered study's folder: its registration (REGISTRATION.md, frozen) and its runs' record (README.md).
-STUDIES = [ROOT / "results" / f"study-{name}" for name in ("multiply", "frozenlake", "precision-cpu", "staleness")]
+STUDIES = [ROOT / "results" / f"study-{name}" for name in ("multiply", "frozenlake", "precision-cpu", "staleness",
+                                                           "stale-replay")]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 INDENTED = re.compile(r"(?:^|\n\n)((?:    [^\n]*\n?)+)")  # a Markdown code block by indentation
 
@@ -328,6 +329,9 @@ REGISTRATIONS = {
     "dfda9d01a158aedfb16dd962669235af6b0e61a121a68b4612ca189f668cb843": ("staleness", re.compile(
         r"## Pre-registered study: keep stale rollouts or drop them\n.*?\(End of the registration\. What follows "
         r"is added as the runs come in\.\)", re.S)),
+    "13cdd7c4be56332d5b5bfc7a830a33ec079458c65c6cfcfa376317bb055d3ce4": ("stale-replay", re.compile(
+        r"## Pre-registered study: replay over stale data\n.*?\(End of the registration\. What follows is added "
+        r"as the runs come in\.\)", re.S)),
 }
 
 
