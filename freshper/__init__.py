@@ -8,6 +8,7 @@ The buffer's names resolve on first use, so `import freshper.kernels` (or `.prof
 load the buffer, and the buffer loads numba (CPU tree) or triton (CUDA kernels) only when a
 sampler needs them.
 """
+from freshper.batch_weight import weigh_momentum
 from freshper.priorities import BASE_PRIORITIES, MODES, base_priority, log_keys
 from freshper.schedule import LinearSchedule, linear_beta
 
@@ -23,4 +24,4 @@ def __getattr__(name):
 
 __version__ = "0.1.0"
 __all__ = ["ReplayBuffer", "SampleBatch", "LinearSchedule", "linear_beta", "base_priority", "log_keys",
-           "MODES", "BASE_PRIORITIES", "EVICTIONS", "SAMPLERS"]
+           "weigh_momentum", "MODES", "BASE_PRIORITIES", "EVICTIONS", "SAMPLERS"]

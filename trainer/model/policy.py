@@ -25,11 +25,11 @@ import math
 
 import torch
 
+from freshper.batch_weight import weigh_momentum
 from freshper.kernels import fused_linear_policy_loss, token_logprobs
 
 from ..config import Config
 from ..dist import SINGLE, Dist
-from .batch_weight import weigh_momentum
 from .load import full_attention
 from .lora import adapters_off, has_lora
 from .loss_scale import LossScale
@@ -215,7 +215,7 @@ class Policy:
         """One optimizer step on rows (R, L): clipped surrogate with per-row IS `weights` (R,)
         (None: all 1) and token advantages `adv` (R, L); `vision`: a VLM's VisionRows of the
         rows. `batch_weight` in [0, 1] multiplies the clipped gradient where it enters AdamW's
-        first moment, not its second (trainer/model/batch_weight.py): the rows' contribution to
+        first moment, not its second (freshper/batch_weight.py): the rows' contribution to
         this step and to the momentum that carries it on is that factor times what it would be,
         while the step's scale stays as the rows at weight 1 make it. (A factor on the loss would
         not act: the clip divides it back out.) `ess_lr`: multiply this step's learning rate by

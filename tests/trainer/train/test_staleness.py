@@ -2,7 +2,7 @@
 
 Every update of the default job is clipped, and the clip divides any factor on a batch's loss back
 out. So the decay weighs the batch's clipped gradient where it enters AdamW's first moment
-(trainer/model/batch_weight.py: tested there against a float64 reference), and the ESS rule
+(freshper/batch_weight.py: tested there against a float64 reference), and the ESS rule
 scales the step's learning rate; these tests measure parameter changes from one optimizer state.
 The batch's part of a step is the step minus the step the optimizer makes with the batch's
 gradient out of its first moment (weight 0). In float32 the decay's part agrees with the weight

@@ -1,4 +1,4 @@
-"""A batch's weight enters AdamW's first moment alone (trainer/model/batch_weight.py).
+"""A batch's weight enters AdamW's first moment alone (freshper/batch_weight.py).
 
 Checked against a float64 reference of the step it is meant to make, from a warmed optimizer
 state: m = b1*m + (1 - b1)*w*g, v = b2*v + (1 - b2)*g^2, then AdamW's bias-corrected step and
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from freshper.trainer.model.batch_weight import weigh_momentum
+from freshper.batch_weight import weigh_momentum
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
