@@ -70,12 +70,23 @@ def test_the_batchs_part_of_the_step_is_w_times_its_part_at_weight_1():
     assert float((part_w - math.exp(-1) * part_1).norm() / part_1.norm()) < 1e-3  # float32 parameters: 8e-5
 
 
-def test_a_parameter_without_optimizer_state_gets_its_gradient_scaled():
+def test_what_it_cannot_weigh_is_refused_before_anything_changes():
+    """A first step (no moments yet), maximize (the first moment takes -g), Adam's L2 decay (folded
+    into the gradient), another optimizer: each refused, and no moment of any group moved."""
+    params, opt = warmed()
+    fresh = torch.nn.Parameter(torch.ones(3))
+    fresh.grad = torch.ones(3)
+    opt.add_param_group({"params": [fresh]})
+    m = [opt.state[p]["exp_avg"].clone() for p in params]
+    with pytest.raises(ValueError, match="no first moment yet"):
+        weigh_momentum(opt, 0.5)
+    assert all(torch.equal(opt.state[p]["exp_avg"], x) for p, x in zip(params, m)), "the first group was changed"
     p = torch.nn.Parameter(torch.ones(3))
-    opt = torch.optim.AdamW([p], lr=LR)
-    p.grad = torch.full((3,), 2.0)
-    weigh_momentum(opt, 0.25)
-    assert torch.equal(p.grad, torch.full((3,), 0.5))
+    for other, match in [(torch.optim.AdamW([p], maximize=True), "maximize"),
+                         (torch.optim.Adam([p], weight_decay=0.1), "Adam with weight_decay"),
+                         (torch.optim.SGD([p], lr=0.1), "optimizer SGD")]:
+        with pytest.raises(ValueError, match=match):
+            weigh_momentum(other, 0.5)
 
 
 @pytest.mark.parametrize("w", [-0.1, 1.5, float("nan")])

@@ -309,7 +309,10 @@ class Policy:
             row_kl[sl] = ((torch.expm1(d) - d) * m).sum(1) / count
             row_kl1[sl] = -(d * m).sum(1) / count
             if seq_log_ratio is not None:
-                seq_log_ratio[sl] = ((st["logp"].detach() - behaviour[sl, 1:n]) * m).sum(1)
+                seq_log_ratio[sl] = (st["logp"].detach() - behaviour[sl, 1:n]).masked_fill(m == 0, 0.0).sum(1)
+        # the ESS's check runs before the loss scale or the optimizer changes
+        ess = self._ess_fraction(seq_log_ratio, resp.any(1)) if seq_log_ratio is not None else None
+        lr_scale = 1.0 if ess is None else math.sqrt(ess)
         if self.loss_scale is not None:
             self.loss_scale.unscale_(self.net.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), a.grad_clip)
@@ -325,8 +328,6 @@ class Policy:
             raise FloatingPointError(f"non-finite gradient norm {vals[4]}; lower algo.lr or check inputs")
         else:
             step = True
-        ess = self._ess_fraction(seq_log_ratio, resp.any(1)) if seq_log_ratio is not None else None
-        lr_scale = 1.0 if ess is None else math.sqrt(ess)
         if step:
             weigh_momentum(self.opt, batch_weight)  # after the clip, into Adam's first moment only
             scheduled = [g["lr"] for g in self.opt.param_groups]

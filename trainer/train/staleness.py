@@ -8,10 +8,11 @@ LLM framework gates it (drops it past a bound); FreshPER keeps it, and can weigh
 - is: keep it; truncated IS with the log-probs the engine recorded, capped at
   algo.stale_tis_cap, corrects the update for the policy that generated it (the ratio's old policy
   is the trainer's current one, its first forward: decoupled PPO).
-- decay: as `is`, and the batch's clipped gradient multiplied by exp(-age / tau) before AdamW, so
-  its contribution to this step and to the momentum that carries it into later steps is that
-  factor times what `is` gives it: FreshPER's decay applied to the update that trains on the
-  batch. (A weight on its loss would not act: the gradient clip divides a uniform factor back out.)
+- decay: as `is`, and the batch's clipped gradient weighted by exp(-age / tau) where it enters
+  AdamW's first moment (freshper/batch_weight.py), so its part of the update's direction, in this
+  step and in the momentum, is that factor times what `is` gives it: FreshPER's decay applied to
+  the update that trains on the batch. (A weight on its loss would not act: the gradient clip
+  divides a uniform factor back out.)
 - ess: as `is`, and the step's learning rate multiplied by sqrt(ESS / N) of the batch's
   sequence-level importance ratios against the engine's log-probs (VCPO, arXiv 2602.17616): a
   smaller step where few trajectories carry the importance weight. The ratios are against the
@@ -35,7 +36,7 @@ STALENESS = ("none", "is", "decay", "ess", "gate")
 @dataclass(frozen=True)
 class Treatment:
     """How one batch is trained: `keep` it or drop it (the gate); `weight`, the factor on its
-    clipped gradient (1: the synchronous step); `ess_lr`, whether the update scales its learning
+    clipped gradient in AdamW's first moment (1: the synchronous step); `ess_lr`, whether the update scales its learning
     rate by sqrt(ESS / N) of the batch's importance ratios; `tis_cap` for its truncated IS (None:
     algo.tis_cap as for a fresh batch); `birth`, the buffer step it is born at (its key's b)."""
     age: int

@@ -128,3 +128,38 @@ def test_a_checkpoint_keeps_the_scale_it_had_found(tmp_path):
     plain = Policy(keep_masters(copy.deepcopy(model), torch.bfloat16), cfg, CPU)
     assert plain.loss_scale is None and plain.scale_stats() == {}
     checkpoint.load(checkpoint.save(tmp_path / "bf16", 1, plain, None, {"iteration": 1}, keep=2), plain, CPU, 0.4)
+
+
+def _warm_fp16_policy():
+    cfg = _cfg()
+    model, _, _ = load_policy(cfg, CPU)
+    policy = Policy(keep_masters(model, torch.float16), cfg, CPU)
+    rows = _rows(model.get_input_embeddings().num_embeddings)
+    for _ in range(8):  # until a step is taken (the first scales may overflow): AdamW's moments exist
+        policy.update(*rows[:2], None, rows[2])
+        if policy.opt.state:
+            return policy, rows
+    raise AssertionError("no fp16 step was taken in 8 updates")
+
+
+def test_a_batch_weight_is_taken_from_the_unscaled_gradient():
+    """fp16: the weight moves AdamW's first moment by the gradient after unscaling (and clipping),
+    so a batch at weight 0 leaves m = b1 * m; taking it from the scaled gradient (S = 65,536 times
+    larger) is off by that factor."""
+    policy, rows = _warm_fp16_policy()
+    before = {q: policy.opt.state[q]["exp_avg"].clone() for q in policy.opt.state}
+    policy.update(*rows[:2], None, rows[2], batch_weight=0.0)
+    b1 = policy.opt.param_groups[0]["betas"][0]
+    top = max(float(m.abs().max()) for m in before.values())
+    for q, m in before.items():
+        assert torch.allclose(policy.opt.state[q]["exp_avg"], b1 * m, rtol=0, atol=1e-6 * top)
+
+
+def test_a_skipped_step_leaves_the_momentum_alone_whatever_the_batch_weight():
+    policy, rows = _warm_fp16_policy()
+    before = {q: policy.opt.state[q]["exp_avg"].clone() for q in policy.opt.state}
+    skipped = policy.scale_stats()["skipped_updates"]
+    policy.loss_scale.scale = 2.0 ** 60  # the backward overflows: the step is skipped
+    policy.update(*rows[:2], None, rows[2], batch_weight=0.5)
+    assert policy.scale_stats()["skipped_updates"] == skipped + 1
+    assert all(torch.equal(policy.opt.state[q]["exp_avg"], m) for q, m in before.items())

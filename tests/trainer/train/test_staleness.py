@@ -201,3 +201,18 @@ def test_an_infinite_importance_ratio_stops_the_update_before_the_step(batch):
     with pytest.raises(FloatingPointError, match="ESS is nan"):
         p.update(tokens, mask, None, adv, tis_logp=mu, tis_cap=2.0, ess_lr=True)
     assert torch.equal(flat(p.model.state_dict()), before)
+
+
+def test_a_weight_0_update_leaves_the_first_moment_at_b1_times_itself(batch):
+    """The weight takes the clipped gradient out of AdamW's first moment, not the raw one (on the
+    default job 20-130 times larger): a batch at weight 0 leaves m = b1 * m. Measured error 1e-8
+    relative to the largest moment; taking the unclipped gradient out instead is off by its size."""
+    _, _, _, (tokens, mask), adv = batch
+    p = policy_at(batch)
+    before = {q: p.opt.state[q]["exp_avg"].clone() for q in p.model.parameters() if q in p.opt.state}
+    st = p.update(tokens, mask, None, adv, batch_weight=0.0)
+    assert st["grad_norm"] > p.cfg.algo.grad_clip, "a clipped update: the clip's place matters"
+    b1 = p.opt.param_groups[0]["betas"][0]
+    top = max(float(m.abs().max()) for m in before.values())
+    for q, m in before.items():
+        assert torch.allclose(p.opt.state[q]["exp_avg"], b1 * m, rtol=0, atol=1e-6 * top)
