@@ -19,4 +19,5 @@ OMP_NUM_THREADS=1 torchrun --nproc_per_node 1 -m freshper.trainer.cli train --pr
 rm -rf "$run_dir"
 OMP_NUM_THREADS=1 python -m pytest -q -n 2 --dist loadfile tests/test_checkout_names.py tests/test_import_graph.py \
   tests/trainer/train/test_export_eval.py tests/trainer/model/test_cache_name.py tests/freshper/test_trl_integration.py \
-  tests/freshper/test_trl_settings.py tests/trainer/engines/test_kv_room.py tests/trainer/engines/test_gqa_sdpa.py "$@"
+  tests/freshper/test_trl_settings.py tests/trainer/engines/test_kv_room.py tests/trainer/engines/test_gqa_sdpa.py \
+  tests/trainer/model/test_activation_checkpointing.py "$@"

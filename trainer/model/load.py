@@ -236,8 +236,13 @@ def load_policy(cfg: Config, device: torch.device):
     else:
         model = auto.from_pretrained(path, dtype=load_as, attn_implementation=attn).to(device)
     if cfg.model.gradient_checkpointing:
-        # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # non-reentrant: the checkpoint form that FSDP2's per-layer gathers work with. transformers
+        # 5.25 renamed the call (the old name warns, and goes in v6); the GPU image's 5.17 has only it.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if cfg.model.lora_rank:
         from .lora import apply_lora
 
