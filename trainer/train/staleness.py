@@ -36,9 +36,10 @@ STALENESS = ("none", "is", "decay", "ess", "gate")
 @dataclass(frozen=True)
 class Treatment:
     """How one batch is trained: `keep` it or drop it (the gate); `weight`, the factor on its
-    clipped gradient in AdamW's first moment (1: the synchronous step); `ess_lr`, whether the update scales its learning
-    rate by sqrt(ESS / N) of the batch's importance ratios; `tis_cap` for its truncated IS (None:
-    algo.tis_cap as for a fresh batch); `birth`, the buffer step it is born at (its key's b)."""
+    clipped gradient in AdamW's first moment (1: the synchronous step); `ess_lr`, whether the
+    update scales its learning rate by sqrt(ESS / N) of the batch's importance ratios; `tis_cap`
+    for its truncated IS (None: algo.tis_cap as for a fresh batch); `birth`, the buffer step it is
+    born at (its key's b)."""
     age: int
     keep: bool
     weight: float
