@@ -122,7 +122,7 @@ def test_ages_are_the_drawn_lags_and_every_episode_is_counted(tmp_path):
     assert [r["batch_age"] for r in rows] == [s(j) for j in range(8)]
     assert sum(r["episodes_generated"] for r in rows) == 8 * 8, "each batch generated once, none past the end"
     assert rows[-1]["episodes_in_flight"] == 0
-    # the decay scales each batch's step by exp(-age / tau) (test_staleness: the weights move that much less)
+    # the decay weighs each batch's part of the step by exp(-age / tau) in AdamW's first moment (test_staleness)
     assert all(math.isclose(r["batch_weight"], math.exp(-r["batch_age"] / 1000.0)) for r in rows)
 
 
