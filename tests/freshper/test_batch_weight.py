@@ -7,6 +7,7 @@ decoupled weight decay. The float32 step agrees with the reference to 1e-6 relat
 tolerance 1e-3). Weighting the gradient itself (which feeds w^2 g^2 to v), scaling the learning rate,
 or doing nothing each fails these tests (checked once).
 """
+import inspect
 import math
 
 import pytest
@@ -17,11 +18,20 @@ from freshper.batch_weight import weigh_momentum
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
 
-def warmed(seed=0, steps=4):
+def adamw(params):
+    return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+
+
+def adam_decoupled(params):
+    """The same update as AdamW, spelled as torch's Adam with decoupled_weight_decay (torch >= 2.6)."""
+    return torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, decoupled_weight_decay=True)
+
+
+def warmed(seed=0, steps=4, make=adamw):
     """Parameters and an AdamW after a few steps on gradients of their own."""
     g = torch.Generator().manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(7, 5, generator=g)), torch.nn.Parameter(torch.randn(11, generator=g))]
-    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt = make(params)
     for _ in range(steps):
         for p in params:
             p.grad = torch.randn(p.shape, generator=g)
@@ -47,9 +57,14 @@ def reference_step(params, opt, w):
     return out
 
 
+HAS_DECOUPLED = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters  # torch >= 2.6
+
+
+@pytest.mark.parametrize("make", [adamw, pytest.param(adam_decoupled, marks=pytest.mark.skipif(
+    not HAS_DECOUPLED, reason="torch's Adam has no decoupled_weight_decay before 2.6"))])
 @pytest.mark.parametrize("w", [0.0, math.exp(-1), 1.0])
-def test_the_weighted_step_is_adamw_with_the_gradient_weighted_in_its_first_moment_only(w):
-    params, opt = warmed()
+def test_the_weighted_step_is_adamw_with_the_gradient_weighted_in_its_first_moment_only(w, make):
+    params, opt = warmed(make=make)
     want = reference_step(params, opt, w)
     weigh_momentum(opt, w)
     opt.step()
