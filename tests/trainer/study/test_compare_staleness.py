@@ -6,7 +6,7 @@ import pytest
 
 from freshper.trainer.cli import main
 from freshper.trainer.study.compare import parse, plan
-from freshper.trainer.study.staleness import staleness_row
+from freshper.trainer.study.staleness import staleness_row, staleness_table
 
 from .test_compare import TINY
 
@@ -64,3 +64,23 @@ def test_the_stale_arms_replay_a_run_folders_staleness(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse(["--arms", "stale-is", "--lag-probs", str(run)])
     assert "--lag-probs" in capsys.readouterr().err
+
+
+def test_the_table_reports_the_ess_learning_rate_factor_of_the_updates_taken():
+    """The ESS arm's column is the mean of batch_lr_scale over the batches trained (1 where a run
+    logs none); a batch the gate dropped has no step and does not count."""
+    ess = [{"batch_age": 0, "batch_lr_scale": 1.0}, {"batch_age": 3, "batch_lr_scale": 0.6},
+           {"batch_age": 5, "batch_lr_scale": 0.2, "episodes_dropped": 4}]
+    decay = [{"batch_age": 0, "batch_weight": 1.0}, {"batch_age": 2, "batch_weight": 0.5}]
+    assert staleness_row(ess)["lr_scale"] == pytest.approx(0.8)
+    assert staleness_row(decay)["lr_scale"] == 1.0 and staleness_row(decay)["weight"] == 0.75
+    table = staleness_table({"stale-ess": [(None, ess, None)], "stale-decay": [(None, decay, None)]})
+    head = next(x for x in table.splitlines() if x.startswith("| arm"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    ess_row = next(x for x in table.splitlines() if x.startswith("| stale-ess"))
+    decay_row = next(x for x in table.splitlines() if x.startswith("| stale-decay"))
+    cell = {name: [c.strip() for c in row.strip("|").split("|")] for name, row in
+            (("ess", ess_row), ("decay", decay_row))}
+    i = cols.index("ESS lr factor")
+    assert cell["ess"][i] == "0.800" and cell["decay"][i] == "1.000"
+    assert cell["decay"][cols.index("decay weight")] == "0.750"
