@@ -18,7 +18,13 @@ def grads(checkpointing: bool):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         model, _, _ = load_policy(cfg, torch.device("cpu"))
-    assert model.is_gradient_checkpointing == checkpointing
+        # 5.25 renamed the flag too (the old name warns)
+        on = getattr(model, "is_activation_checkpointing", None)
+        assert (model.is_gradient_checkpointing if on is None else on) == checkpointing
+        # the non-reentrant form load.py asks for, which FSDP2's per-layer gathers need
+        forms = {m._gradient_checkpointing_func.keywords.get("use_reentrant")
+                 for m in model.modules() if getattr(m, "gradient_checkpointing", False)}
+        assert forms == ({False} if checkpointing else set())
     model.train()
     tokens = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     model(input_ids=tokens, labels=tokens).loss.backward()
