@@ -22,11 +22,13 @@ import torch
 
 @torch.no_grad()
 def weigh_momentum(opt: torch.optim.Optimizer, weight: float) -> None:
-    """Call between the gradient clip and `opt.step()` of a torch.optim.AdamW (or an Adam without
-    weight decay or with decoupled_weight_decay=True) whose parameters hold this batch's gradient:
-    the gradient then enters the first moment times `weight`, in [0, 1], and the second moment as
-    it is. Every parameter with a gradient must have taken a step already (its moments exist); the
-    checks run before anything changes."""
+    """Call between the gradient clip and `opt.step()` of a torch.optim.AdamW or Adam whose
+    parameters hold this batch's gradient: the gradient then enters the first moment times
+    `weight`, in [0, 1], and the second moment as it is. Under Adam's L2 decay
+    (decoupled_weight_decay=False) the step adds weight_decay·θ to the gradient inside itself, not
+    to p.grad, so that term, which is not the batch's, enters both moments unweighted. Every
+    parameter with a gradient must have taken a step already (its moments exist); the checks run
+    before anything changes."""
     if not (math.isfinite(weight) and 0.0 <= weight <= 1.0):
         raise ValueError(f"weight={weight}: expected a number in [0, 1]")
     if weight == 1.0:
@@ -40,11 +42,6 @@ def weigh_momentum(opt: torch.optim.Optimizer, weight: float) -> None:
             raise ValueError(f"betas[0]={b1}: a weight on the first moment needs 0 < betas[0] < 1")
         if group.get("maximize", False):
             raise ValueError("maximize=True: the first moment takes -g there; weigh_momentum supports minimizing")
-        # torch >= 2.6 stores AdamW's decay as Adam's decoupled_weight_decay=True; Adam's L2 form would have
-        # the decay inside g, and so inside the weighted part of m
-        if group["weight_decay"] and not (isinstance(opt, torch.optim.AdamW) or group.get("decoupled_weight_decay")):
-            raise ValueError("Adam with weight_decay and decoupled_weight_decay=False folds the decay into the "
-                             "gradient; use AdamW or Adam(decoupled_weight_decay=True)")
         for p in group["params"]:
             if p.grad is None:
                 continue

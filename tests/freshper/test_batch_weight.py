@@ -27,6 +27,15 @@ def adam_decoupled(params):
     return torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, decoupled_weight_decay=True)
 
 
+def adam_l2(params):
+    """Adam's L2 decay: the step adds WD * theta to the gradient it feeds both moments."""
+    return torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS)
+
+
 def warmed(seed=0, steps=4, make=adamw):
     """Parameters and an AdamW after a few steps on gradients of their own."""
     g = torch.Generator().manual_seed(seed)
@@ -42,17 +51,20 @@ def warmed(seed=0, steps=4, make=adamw):
     return params, opt
 
 
-def reference_step(params, opt, w):
-    """The intended step in float64: the gradient enters m times w and v as it is."""
+def reference_step(params, opt, w, make=None):
+    """The intended step in float64: the gradient enters m times w and v as it is; AdamW's decay
+    scales the parameter, Adam's L2 decay adds WD * theta to both moments' input, unweighted."""
     out = []
     b1, b2 = BETAS
+    decoupled, l2 = (True, 0.0) if make in (None, adamw, adam_decoupled) else (False, WD if make is adam_l2 else 0.0)
     for p in params:
         st = opt.state[p]
         t = float(st["step"]) + 1
         g, m, v = p.grad.double(), st["exp_avg"].double(), st["exp_avg_sq"].double()
-        m = b1 * m + (1 - b1) * w * g
-        v = b2 * v + (1 - b2) * g * g
-        x = p.detach().double() * (1 - LR * WD)
+        x = p.detach().double()
+        m = b1 * m + (1 - b1) * (w * g + l2 * x)
+        v = b2 * v + (1 - b2) * (g + l2 * x) ** 2
+        x = x * (1 - LR * WD) if decoupled else x
         out.append(x - LR * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + EPS))
     return out
 
@@ -61,11 +73,11 @@ HAS_DECOUPLED = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).
 
 
 @pytest.mark.parametrize("make", [adamw, pytest.param(adam_decoupled, marks=pytest.mark.skipif(
-    not HAS_DECOUPLED, reason="torch's Adam has no decoupled_weight_decay before 2.6"))])
+    not HAS_DECOUPLED, reason="torch's Adam has no decoupled_weight_decay before 2.6")), adam_l2, adam])
 @pytest.mark.parametrize("w", [0.0, math.exp(-1), 1.0])
 def test_the_weighted_step_is_adamw_with_the_gradient_weighted_in_its_first_moment_only(w, make):
     params, opt = warmed(make=make)
-    want = reference_step(params, opt, w)
+    want = reference_step(params, opt, w, make)
     weigh_momentum(opt, w)
     opt.step()
     for p, x in zip(params, want):
@@ -86,8 +98,8 @@ def test_the_batchs_part_of_the_step_is_w_times_its_part_at_weight_1():
 
 
 def test_what_it_cannot_weigh_is_refused_before_anything_changes():
-    """A first step (no moments yet), maximize (the first moment takes -g), Adam's L2 decay (folded
-    into the gradient), another optimizer: each refused, and no moment of any group moved."""
+    """A first step (no moments yet), maximize (the first moment takes -g), another optimizer: each
+    refused, and no moment of any group moved."""
     params, opt = warmed()
     fresh = torch.nn.Parameter(torch.ones(3))
     fresh.grad = torch.ones(3)
@@ -98,7 +110,6 @@ def test_what_it_cannot_weigh_is_refused_before_anything_changes():
     assert all(torch.equal(opt.state[p]["exp_avg"], x) for p, x in zip(params, m)), "the first group was changed"
     p = torch.nn.Parameter(torch.ones(3))
     for other, match in [(torch.optim.AdamW([p], maximize=True), "maximize"),
-                         (torch.optim.Adam([p], weight_decay=0.1), "Adam with weight_decay"),
                          (torch.optim.SGD([p], lr=0.1), "optimizer SGD")]:
         with pytest.raises(ValueError, match=match):
             weigh_momentum(other, 0.5)
