@@ -1,6 +1,7 @@
 """What a comparison's runs did with stale batches (docs/asynchronous.md): per arm, the mean age of
-the batches its on-policy updates saw, the weight the decay gave them, the learning-rate factor
-sqrt(ESS / N) that algo.staleness ess gave their updates, the share of generated
+the batches that reached their on-policy update (those the gate then dropped included), the weight
+the decay gave them, the learning-rate factor sqrt(ESS / N) that algo.staleness ess gave each
+trained batch's first update, the share of generated
 episodes the gate dropped, and for asynchronous runs the seconds each side waited; per run, the
 shares of its trained batches by age and the decay's weight by age (the curves' panels)."""
 from __future__ import annotations
@@ -17,7 +18,8 @@ def staleness_row(rows: list[dict]) -> dict | None:
     dropped = rows[-1].get("episodes_dropped_total", 0)  # this run's, up to and with its last iteration
     return {"age": float(np.mean([r["batch_age"] for r in rows])), "age_max": max(r["batch_age"] for r in rows),
             "weight": float(np.mean([r.get("batch_weight", 1.0) for r in rows])),
-            # over the updates taken: a batch the gate dropped has no step to scale
+            # over the batches trained (a batch the gate dropped has no step to scale); the factor of
+            # each one's first update, the one the loop logs
             "lr_scale": float(np.mean([r.get("batch_lr_scale", 1.0) for r in trained_batches(rows)] or [1.0])),
             "dropped": dropped / generated if generated else 0.0,
             "wait": float(np.mean([r.get("trainer_wait_s", 0.0) for r in rows])),
@@ -37,8 +39,9 @@ def staleness_table(by_label: dict) -> str:
                      f"{m['wait']:.2f} | {m['idle']:.2f} |")
     if not lines:
         return ""
-    return ("\n\nStaleness of the on-policy batches (mean over seeds; decay weight: on the batch's gradient in "
-            "AdamW's first moment; ESS lr factor: sqrt(ESS / N) on its step's learning rate; dropped: the gate's "
+    return ("\n\nStaleness of the on-policy batches (mean over seeds; age: of the batches that reached their "
+            "update, dropped ones included; decay weight: on the batch's gradient in AdamW's first moment; ESS lr "
+            "factor: sqrt(ESS / N) on the learning rate of a trained batch's first update; dropped: the gate's "
             "share of generated episodes; waits in seconds per iteration, asynchronous runs only)\n\n"
             "| arm | seeds | age | max age | decay weight | ESS lr factor | dropped | trainer waits | worker idle |\n"
             "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))

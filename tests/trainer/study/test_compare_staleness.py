@@ -67,9 +67,10 @@ def test_the_stale_arms_replay_a_run_folders_staleness(tmp_path, capsys):
 
 
 def test_the_table_reports_the_ess_learning_rate_factor_of_the_updates_taken():
-    """The ESS arm's column is the mean of batch_lr_scale over the batches trained (1 where a run
-    logs none); a batch the gate dropped has no step and does not count."""
-    ess = [{"batch_age": 0, "batch_lr_scale": 1.0}, {"batch_age": 3, "batch_lr_scale": 0.6},
+    """The ESS arm's column is the mean of batch_lr_scale over the batches trained, 1 where a row
+    logs none (the loop logs it for stale batches only); a batch the gate dropped has no step and
+    does not count. Every line of the table has as many cells as its header."""
+    ess = [{"batch_age": 0}, {"batch_age": 3, "batch_lr_scale": 0.6},
            {"batch_age": 5, "batch_lr_scale": 0.2, "episodes_dropped": 4}]
     decay = [{"batch_age": 0, "batch_weight": 1.0}, {"batch_age": 2, "batch_weight": 0.5}]
     assert staleness_row(ess)["lr_scale"] == pytest.approx(0.8)
@@ -81,6 +82,7 @@ def test_the_table_reports_the_ess_learning_rate_factor_of_the_updates_taken():
     decay_row = next(x for x in table.splitlines() if x.startswith("| stale-decay"))
     cell = {name: [c.strip() for c in row.strip("|").split("|")] for name, row in
             (("ess", ess_row), ("decay", decay_row))}
+    assert all(len(x.strip("|").split("|")) == len(cols) for x in table.splitlines() if x.startswith("|"))
     i = cols.index("ESS lr factor")
     assert cell["ess"][i] == "0.800" and cell["decay"][i] == "1.000"
     assert cell["decay"][cols.index("decay weight")] == "0.750"
