@@ -76,13 +76,9 @@ def test_the_table_reports_the_ess_learning_rate_factor_of_the_updates_taken():
     assert staleness_row(ess)["lr_scale"] == pytest.approx(0.8)
     assert staleness_row(decay)["lr_scale"] == 1.0 and staleness_row(decay)["weight"] == 0.75
     table = staleness_table({"stale-ess": [(None, ess, None)], "stale-decay": [(None, decay, None)]})
-    head = next(x for x in table.splitlines() if x.startswith("| arm"))
-    cols = [c.strip() for c in head.strip("|").split("|")]
-    ess_row = next(x for x in table.splitlines() if x.startswith("| stale-ess"))
-    decay_row = next(x for x in table.splitlines() if x.startswith("| stale-decay"))
-    cell = {name: [c.strip() for c in row.strip("|").split("|")] for name, row in
-            (("ess", ess_row), ("decay", decay_row))}
-    assert all(len(x.strip("|").split("|")) == len(cols) for x in table.splitlines() if x.startswith("|"))
+    lines = [[c.strip() for c in x.strip("|").split("|")] for x in table.splitlines() if x.startswith("|")]
+    cols, cell = lines[0], {x[0]: x for x in lines}
+    assert all(len(x) == len(cols) for x in lines)
     i = cols.index("ESS lr factor")
-    assert cell["ess"][i] == "0.800" and cell["decay"][i] == "1.000"
-    assert cell["decay"][cols.index("decay weight")] == "0.750"
+    assert cell["stale-ess"][i] == "0.800" and cell["stale-decay"][i] == "1.000"
+    assert cell["stale-decay"][cols.index("decay weight")] == "0.750"
